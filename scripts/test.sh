@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Builds weft with warnings as errors and runs every test (unit, multi-rank through mpiexec,
+# consumer projects). Usage: scripts/test.sh [build-dir]   (default: build/test)
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${1:-$root/build/test}"
+"$root/scripts/install-deps.sh"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_oob_tcp_if_include=lo OMPI_MCA_btl_tcp_if_include=lo NCCL_SOCKET_IFNAME=lo
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DWEFT_WARNINGS_AS_ERRORS=ON
+cmake --build "$build" --parallel "$(nproc)"
+# GPU tests need a GPU: run them on a GPU machine with `ctest -L gpu`.
+ctest --test-dir "$build" --output-on-failure --label-exclude gpu --parallel 1 --timeout 600
