@@ -1,0 +1,79 @@
+#pragma once
+/// \file
+/// What a backend is. A backend is a type (`mpi_backend`, `nccl_backend`) with a native
+/// communicator type `comm` and a move-only `request` type. The backend works on untyped
+/// buffers (pointer, count, dtype); `weft::communicator<Backend>` adds the types, the checks and
+/// the bookkeeping on top, once for every backend.
+///
+/// A backend that lacks an operation fails `weft::backend` at compile time, and the error names
+/// the requirement that is not met.
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include <weft/core/dtype.hpp>
+#include <weft/core/reduce_op.hpp>
+
+namespace weft {
+
+/// Whether an operation must be complete when the call returns (blocking) or may still be running
+/// (async: completion is observed through the returned request).
+enum class completion { blocking, async };
+
+/// One point-to-point transfer inside a grouped exchange (pipeline stages send and receive
+/// activations in one batch, so that neither side waits for the other to post first).
+struct p2p_op {
+  enum class kind { send, recv };
+  kind direction;
+  void* buffer;  ///< read for send, written for recv
+  std::size_t count;
+  dtype type;
+  int peer;  ///< rank within the communicator
+};
+
+/// A handle on an operation that may still be running: move-only; `wait()` blocks until it is
+/// complete (and rethrows its failure); `test()` says whether it is complete without blocking.
+template <class R>
+concept backend_request = std::movable<R> && !std::copyable<R> && std::default_initializable<R> &&
+                          requires(R& r) {
+                            { r.wait() } -> std::same_as<void>;
+                            { r.test() } -> std::same_as<bool>;
+                          };
+
+/// The native communicator of a backend and the operations weft needs from it.
+template <class C, class R>
+concept backend_comm =
+    std::movable<C> &&
+    requires(C& c, const C& cc, const void* send, void* recv, std::size_t n, dtype t, reduce_op op, int root,
+             completion how, std::span<const p2p_op> ops, std::span<const std::int64_t> local,
+             std::span<std::int64_t> gathered) {
+      { cc.rank() } -> std::same_as<int>;
+      { cc.size() } -> std::same_as<int>;
+      { c.all_reduce(send, recv, n, t, op, how) } -> std::same_as<R>;
+      { c.reduce(send, recv, n, t, op, root, how) } -> std::same_as<R>;
+      { c.broadcast(send, recv, n, t, root, how) } -> std::same_as<R>;
+      { c.all_gather(send, recv, n, t, how) } -> std::same_as<R>;
+      { c.reduce_scatter(send, recv, n, t, op, how) } -> std::same_as<R>;
+      { c.all_to_all(send, recv, n, t, how) } -> std::same_as<R>;
+      { c.send(send, n, t, root, how) } -> std::same_as<R>;
+      { c.recv(recv, n, t, root, how) } -> std::same_as<R>;
+      { c.group_p2p(ops, how) } -> std::same_as<R>;
+      { c.barrier(how) } -> std::same_as<R>;
+      { c.split(root, root) } -> std::same_as<C>;
+      { cc.valid() } -> std::same_as<bool>;
+      // A small host-side all-gather, for agreement checks (layouts, bucket plans, call shapes).
+      { c.host_all_gather(local, gathered) } -> std::same_as<void>;
+    };
+
+/// A backend: a tag type naming its communicator and request types.
+template <class B>
+concept backend = requires {
+  typename B::comm;
+  typename B::request;
+  { B::name } -> std::convertible_to<std::string_view>;
+} && backend_request<typename B::request> && backend_comm<typename B::comm, typename B::request>;
+
+}  // namespace weft

@@ -1,0 +1,354 @@
+#pragma once
+/// \file
+/// The MPI backend: host buffers, any MPI with MPI_THREAD_MULTIPLE for overlap.
+///
+/// Blocking operations call MPI directly on the caller's thread when nothing is pending on the
+/// communicator, so they cost what the raw MPI call costs. Async operations go to the
+/// communicator's progress thread (see detail/progress_thread.hpp for why), which runs them in
+/// issue order; a blocking call issued while async work is pending queues behind it.
+/// Without MPI_THREAD_MULTIPLE, async operations complete before they return (correct, no overlap)
+/// and a warning says so once.
+///
+/// A communicator must not be used from several threads at once (as with NCCL communicators).
+
+#include <mpi.h>
+
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <weft/backend/backend.hpp>
+#include <weft/backend/mpi/check.hpp>
+#include <weft/backend/mpi/datatypes.hpp>
+#include <weft/backend/mpi/detail/progress_thread.hpp>
+
+namespace weft {
+
+struct mpi_backend {
+  static constexpr std::string_view name = "mpi";
+
+  /// Move-only handle on an operation; an empty request is a completed one. It holds either a
+  /// task of the progress thread (collectives) or posted MPI requests (point to point).
+  class request {
+   public:
+    request() = default;
+    explicit request(std::shared_ptr<detail::mpi::task> item) : task_(std::move(item)) {}
+    explicit request(std::vector<MPI_Request> posted) : posted_(std::move(posted)) {}
+    request(request&& other) noexcept
+        : task_(std::move(other.task_)), posted_(std::move(other.posted_)) {
+      other.posted_.clear();
+    }
+    request& operator=(request&& other) noexcept {
+      if (this != &other) {
+        finish_quietly();
+        task_ = std::move(other.task_);
+        posted_ = std::move(other.posted_);
+        other.posted_.clear();
+      }
+      return *this;
+    }
+    request(const request&) = delete;
+    request& operator=(const request&) = delete;
+    /// Waits for an unfinished operation: the buffers it uses stay valid while it runs.
+    ~request() { finish_quietly(); }
+
+    /// Blocks until the operation is complete; rethrows its failure.
+    void wait() {
+      if (!posted_.empty()) {
+        auto posted = std::move(posted_);
+        posted_.clear();
+        WEFT_CHECK_MPI(MPI_Waitall(static_cast<int>(posted.size()), posted.data(), MPI_STATUSES_IGNORE));
+      }
+      if (!task_) return;
+      task_->done.wait(false, std::memory_order_acquire);
+      consume();
+    }
+    /// True when the operation is complete (then rethrows its failure, if any).
+    bool test() {
+      if (!posted_.empty()) {
+        int flag = 0;
+        WEFT_CHECK_MPI(MPI_Testall(static_cast<int>(posted_.size()), posted_.data(), &flag, MPI_STATUSES_IGNORE));
+        if (!flag) return false;
+        posted_.clear();
+      }
+      if (!task_) return true;
+      if (!task_->done.load(std::memory_order_acquire)) return false;
+      consume();
+      return true;
+    }
+
+   private:
+    void consume() {
+      auto item = std::move(task_);
+      if (item->failure) std::rethrow_exception(item->failure);
+    }
+    void finish_quietly() noexcept {
+      if (!task_ && posted_.empty()) return;
+      try {
+        wait();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "weft: an operation whose request was dropped failed: %s\n", e.what());
+      } catch (...) {
+        std::fprintf(stderr, "weft: an operation whose request was dropped failed\n");
+      }
+    }
+    std::shared_ptr<detail::mpi::task> task_;
+    std::vector<MPI_Request> posted_;
+  };
+
+  class comm {
+   public:
+    comm() = default;
+
+    /// A private duplicate of `parent` (weft's traffic never matches the caller's own messages),
+    /// with errors returned to weft instead of aborting.
+    static comm duplicate(MPI_Comm parent) {
+      MPI_Comm handle = MPI_COMM_NULL;
+      WEFT_CHECK_MPI(MPI_Comm_dup(parent, &handle));
+      return comm(handle);
+    }
+    static comm world() { return duplicate(MPI_COMM_WORLD); }
+
+    comm(comm&& other) noexcept { *this = std::move(other); }
+    comm& operator=(comm&& other) noexcept {
+      if (this != &other) {
+        release();
+        handle_ = std::exchange(other.handle_, MPI_COMM_NULL);
+        rank_ = other.rank_;
+        size_ = other.size_;
+        threads_ok_ = other.threads_ok_;
+        progress_ = std::move(other.progress_);
+      }
+      return *this;
+    }
+    comm(const comm&) = delete;
+    comm& operator=(const comm&) = delete;
+    ~comm() { release(); }
+
+    bool valid() const noexcept { return handle_ != MPI_COMM_NULL; }
+    int rank() const noexcept { return rank_; }
+    int size() const noexcept { return size_; }
+    MPI_Comm native() const noexcept { return handle_; }
+
+    request all_reduce(const void* send, void* recv, std::size_t n, dtype t, reduce_op op, completion how) {
+      MPI_Comm c = handle_;
+      int ranks = size_;
+      int count = checked_count(n);
+      return run(how, [=] {
+        const void* source = send == recv ? MPI_IN_PLACE : send;
+        WEFT_CHECK_MPI(MPI_Allreduce(source, recv, count, detail::mpi::datatype_of(t), detail::mpi::op_of(t, op), c));
+        if (op == reduce_op::avg) detail::mpi::divide_in_place(recv, n, t, ranks);
+      });
+    }
+
+    request reduce(const void* send, void* recv, std::size_t n, dtype t, reduce_op op, int root, completion how) {
+      MPI_Comm c = handle_;
+      int ranks = size_;
+      bool is_root = rank_ == root;
+      int count = checked_count(n);
+      return run(how, [=] {
+        const void* source = (send == recv && is_root) ? MPI_IN_PLACE : send;
+        WEFT_CHECK_MPI(
+            MPI_Reduce(source, recv, count, detail::mpi::datatype_of(t), detail::mpi::op_of(t, op), root, c));
+        if (op == reduce_op::avg && is_root) detail::mpi::divide_in_place(recv, n, t, ranks);
+      });
+    }
+
+    request broadcast(const void* send, void* recv, std::size_t n, dtype t, int root, completion how) {
+      MPI_Comm c = handle_;
+      bool is_root = rank_ == root;
+      int count = checked_count(n);
+      return run(how, [=] {
+        if (is_root && send != recv) std::memcpy(recv, send, n * size_of(t));
+        WEFT_CHECK_MPI(MPI_Bcast(recv, count, detail::mpi::datatype_of(t), root, c));
+      });
+    }
+
+    /// `send` may point at recv + rank·n (in place).
+    request all_gather(const void* send, void* recv, std::size_t n, dtype t, completion how) {
+      MPI_Comm c = handle_;
+      int count = checked_count(n);
+      checked_count(n * static_cast<std::size_t>(size_));
+      bool in_place = send == static_cast<const char*>(recv) + static_cast<std::size_t>(rank_) * n * size_of(t);
+      return run(how, [=] {
+        MPI_Datatype type = detail::mpi::datatype_of(t);
+        WEFT_CHECK_MPI(MPI_Allgather(in_place ? MPI_IN_PLACE : send, count, type, recv, count, type, c));
+      });
+    }
+
+    /// `recv` may point at send + rank·n (in place: the result lands in this rank's block).
+    request reduce_scatter(const void* send, void* recv, std::size_t n, dtype t, reduce_op op, completion how) {
+      MPI_Comm c = handle_;
+      int ranks = size_;
+      int count = checked_count(n);
+      checked_count(n * static_cast<std::size_t>(size_));
+      std::size_t block_bytes = n * size_of(t);
+      bool in_place = recv == static_cast<const char*>(send) + static_cast<std::size_t>(rank_) * block_bytes;
+      return run(how, [=] {
+        MPI_Datatype type = detail::mpi::datatype_of(t);
+        MPI_Op mpi_op = detail::mpi::op_of(t, op);
+        if (in_place) {
+          // MPI leaves an in-place result at the start of the buffer; weft's convention (NCCL's)
+          // is this rank's block, so move it there.
+          void* buffer = const_cast<void*>(send);
+          WEFT_CHECK_MPI(MPI_Reduce_scatter_block(MPI_IN_PLACE, buffer, count, type, mpi_op, c));
+          if (recv != buffer) std::memmove(recv, buffer, block_bytes);
+        } else {
+          WEFT_CHECK_MPI(MPI_Reduce_scatter_block(send, recv, count, type, mpi_op, c));
+        }
+        if (op == reduce_op::avg) detail::mpi::divide_in_place(recv, n, t, ranks);
+      });
+    }
+
+    request all_to_all(const void* send, void* recv, std::size_t n, dtype t, completion how) {
+      MPI_Comm c = handle_;
+      int count = checked_count(n);
+      checked_count(n * static_cast<std::size_t>(size_));
+      return run(how, [=] {
+        MPI_Datatype type = detail::mpi::datatype_of(t);
+        WEFT_CHECK_MPI(MPI_Alltoall(send == recv ? MPI_IN_PLACE : send, count, type, recv, count, type, c));
+      });
+    }
+
+    /// Blocking point to point runs in order with the queue; async point to point is posted at
+    /// once with MPI_Isend / MPI_Irecv (a FIFO thread would deadlock a ring of async receives
+    /// queued before their sends), and message matching keeps it apart from collectives.
+    request send(const void* buffer, std::size_t n, dtype t, int peer, completion how) {
+      const p2p_op op{p2p_op::kind::send, const_cast<void*>(buffer), n, t, peer};
+      return group_p2p(std::span<const p2p_op>(&op, 1), how);
+    }
+
+    request recv(void* buffer, std::size_t n, dtype t, int peer, completion how) {
+      const p2p_op op{p2p_op::kind::recv, buffer, n, t, peer};
+      return group_p2p(std::span<const p2p_op>(&op, 1), how);
+    }
+
+    /// All sends and receives of the batch are posted together, then completed together.
+    request group_p2p(std::span<const p2p_op> ops, completion how) {
+      for (const p2p_op& op : ops) checked_count(op.count);
+      if (how == completion::async) return request(post(handle_, ops));
+      MPI_Comm c = handle_;
+      if (!progress_ || progress_->idle()) {
+        request(post(c, ops)).wait();
+        return {};
+      }
+      std::vector<p2p_op> batch(ops.begin(), ops.end());
+      return run(how, [c, batch = std::move(batch)] { request(post(c, batch)).wait(); });
+    }
+
+    request barrier(completion how) {
+      MPI_Comm c = handle_;
+      return run(how, [=] { WEFT_CHECK_MPI(MPI_Barrier(c)); });
+    }
+
+    /// Collective over this communicator; a negative color leaves this rank out (invalid result).
+    comm split(int color, int key) {
+      wait_all();
+      MPI_Comm handle = MPI_COMM_NULL;
+      WEFT_CHECK_MPI(MPI_Comm_split(handle_, color < 0 ? MPI_UNDEFINED : color, key, &handle));
+      return comm(handle);
+    }
+
+    void host_all_gather(std::span<const std::int64_t> local, std::span<std::int64_t> gathered) {
+      int count = checked_count(local.size());
+      MPI_Comm c = handle_;
+      run(completion::blocking, [=] {
+        WEFT_CHECK_MPI(MPI_Allgather(local.data(), count, MPI_INT64_T, gathered.data(), count, MPI_INT64_T, c));
+      });
+    }
+
+    /// Blocks until every operation issued on this communicator has finished.
+    void wait_all() {
+      if (progress_) progress_->drain();
+    }
+
+   private:
+    static constexpr int p2p_tag = 7000;
+
+    explicit comm(MPI_Comm handle) : handle_(handle) {
+      if (handle_ == MPI_COMM_NULL) return;
+      WEFT_CHECK_MPI(MPI_Comm_set_errhandler(handle_, MPI_ERRORS_RETURN));
+      WEFT_CHECK_MPI(MPI_Comm_rank(handle_, &rank_));
+      WEFT_CHECK_MPI(MPI_Comm_size(handle_, &size_));
+      int level = MPI_THREAD_SINGLE;
+      WEFT_CHECK_MPI(MPI_Query_thread(&level));
+      threads_ok_ = level == MPI_THREAD_MULTIPLE;
+    }
+
+    static std::vector<MPI_Request> post(MPI_Comm c, std::span<const p2p_op> ops) {
+      std::vector<MPI_Request> posted(ops.size(), MPI_REQUEST_NULL);
+      for (std::size_t i = 0; i < ops.size(); ++i) {
+        const p2p_op& op = ops[i];
+        int count = static_cast<int>(op.count);
+        MPI_Datatype type = detail::mpi::datatype_of(op.type);
+        if (op.direction == p2p_op::kind::send)
+          WEFT_CHECK_MPI(MPI_Isend(op.buffer, count, type, op.peer, p2p_tag, c, &posted[i]));
+        else
+          WEFT_CHECK_MPI(MPI_Irecv(op.buffer, count, type, op.peer, p2p_tag, c, &posted[i]));
+      }
+      return posted;
+    }
+
+    static int checked_count(std::size_t n) {
+      if (n > static_cast<std::size_t>(INT_MAX))
+        fail("a single MPI operation of " + std::to_string(n) + " elements exceeds MPI's int count (" +
+             std::to_string(INT_MAX) + "); split the buffer into smaller operations");
+      return static_cast<int>(n);
+    }
+
+    template <class F>
+    request run(completion how, F&& work) {
+      if (how == completion::blocking) {
+        if (!progress_ || progress_->idle()) {
+          work();  // nothing pending: the raw call, on this thread
+          return {};
+        }
+        request pending(progress_->submit(std::forward<F>(work)));
+        pending.wait();
+        return {};
+      }
+      if (!threads_ok_) {
+        warn_no_overlap_once();
+        work();
+        return {};
+      }
+      if (!progress_) progress_ = std::make_unique<detail::mpi::progress_thread>();
+      return request(progress_->submit(std::forward<F>(work)));
+    }
+
+    static void warn_no_overlap_once() {
+      static std::once_flag once;
+      std::call_once(once, [] {
+        std::fprintf(stderr,
+                     "weft: MPI was initialised without MPI_THREAD_MULTIPLE, so async operations complete "
+                     "before they return (no overlap with computation). Initialise MPI with "
+                     "MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...) or let weft::mpi_environment do it.\n");
+      });
+    }
+
+    void release() noexcept {
+      progress_.reset();  // finishes queued work first
+      if (handle_ != MPI_COMM_NULL) {
+        int finalized = 0;
+        MPI_Finalized(&finalized);
+        if (!finalized) MPI_Comm_free(&handle_);
+        handle_ = MPI_COMM_NULL;
+      }
+    }
+
+    MPI_Comm handle_ = MPI_COMM_NULL;
+    int rank_ = 0;
+    int size_ = 0;
+    bool threads_ok_ = false;
+    std::unique_ptr<detail::mpi::progress_thread> progress_;
+  };
+};
+
+static_assert(backend<mpi_backend>);
+
+}  // namespace weft
