@@ -1,0 +1,19 @@
+#pragma once
+/// \file
+/// Everything this build of weft has: the core (types, errors, layouts, bucket plans, tuner)
+/// always; the MPI backend when built with MPI (WEFT_HAS_MPI); the NCCL backend when built with
+/// CUDA and NCCL (WEFT_HAS_NCCL).
+
+#include <weft/config.hpp>
+
+#include <weft/backend/backend.hpp>
+#include <weft/comm/buffer.hpp>
+#include <weft/comm/communicator.hpp>
+#include <weft/core/dtype.hpp>
+#include <weft/core/error.hpp>
+#include <weft/core/float16.hpp>
+#include <weft/core/reduce_op.hpp>
+
+#if WEFT_HAS_MPI
+#include <weft/backend/mpi/backend.hpp>
+#endif
