@@ -13,6 +13,10 @@
 #include <weft/core/error.hpp>
 #include <weft/core/float16.hpp>
 #include <weft/core/reduce_op.hpp>
+#include <weft/layout/layout.hpp>
+#include <weft/layout/model_shape.hpp>
+#include <weft/layout/node_placement.hpp>
+#include <weft/layout/process_groups.hpp>
 
 #if WEFT_HAS_MPI
 #include <weft/backend/mpi/backend.hpp>

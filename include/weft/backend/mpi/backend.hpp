@@ -113,6 +113,8 @@ struct mpi_backend {
       return comm(handle);
     }
     static comm world() { return duplicate(MPI_COMM_WORLD); }
+    /// A communicator of this rank alone; creating it involves no other rank.
+    static comm self() { return duplicate(MPI_COMM_SELF); }
 
     comm(comm&& other) noexcept { *this = std::move(other); }
     comm& operator=(comm&& other) noexcept {
