@@ -17,7 +17,27 @@
 #include <weft/layout/model_shape.hpp>
 #include <weft/layout/node_placement.hpp>
 #include <weft/layout/process_groups.hpp>
+#include <weft/launch/device.hpp>
+#include <weft/launch/resolve.hpp>
+#include <weft/tune/cost_model.hpp>
+#include <weft/tune/hardware.hpp>
+#include <weft/tune/model.hpp>
+#include <weft/tune/report.hpp>
+#include <weft/tune/search.hpp>
 
 #if WEFT_HAS_MPI
 #include <weft/backend/mpi/backend.hpp>
+#include <weft/launch/mpi_cross_check.hpp>
+#include <weft/launch/mpi_environment.hpp>
+#endif
+
+#if WEFT_HAS_NCCL
+#include <weft/backend/cuda/check.hpp>
+#include <weft/backend/cuda/event.hpp>
+#include <weft/backend/cuda/stream.hpp>
+#include <weft/backend/nccl/backend.hpp>
+#endif
+
+#if WEFT_HAS_NCCL && WEFT_HAS_MPI
+#include <weft/launch/nccl_bootstrap.hpp>
 #endif

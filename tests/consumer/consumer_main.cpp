@@ -3,25 +3,19 @@
 #include <weft/weft.hpp>
 
 #include <cstdio>
-
-#if WEFT_HAS_MPI
-#include <mpi.h>
-#endif
+#include <vector>
 
 int main(int argc, char** argv) {
   weft::bfloat16 x(1.5f);
   if (float(x) != 1.5f) return 1;
 #if WEFT_HAS_MPI
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  weft::mpi_environment env(weft::mpi_init_mode::init_and_finalize, &argc, &argv);
   weft::communicator<weft::mpi_backend> world(weft::mpi_backend::comm::world(), "world");
   std::vector<int> one{1};
   world.all_reduce(one);
   if (one[0] != world.size()) return 2;
   std::printf("consumer: weft %d.%d.%d, MPI world of %d\n", WEFT_VERSION_MAJOR, WEFT_VERSION_MINOR,
               WEFT_VERSION_PATCH, world.size());
-  { auto drop = std::move(world); }
-  MPI_Finalize();
 #else
   (void)argc;
   (void)argv;

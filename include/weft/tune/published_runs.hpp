@@ -1,0 +1,228 @@
+#pragma once
+/// \file
+/// Published training runs (shared/data/published_runs.csv) and the checks of the cost model
+/// against them: (a) the predicted MFU of each run's own layout against its published MFU, counted
+/// the way the source counts FLOPs; (b) the layout the search picks from the model, GPU type and
+/// count and global batch alone, against the experts' layout.
+
+#include <cctype>
+#include <cmath>
+#include <fstream>
+#include <istream>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <weft/core/error.hpp>
+#include <weft/tune/search.hpp>
+
+namespace weft::tune {
+
+/// One row of published_runs.csv, with what it leaves out filled from the source (see
+/// software_of) or left free (0 / empty in `published`).
+struct published_run {
+  std::string source;            ///< N21, MLM24, BLOOM, NEOX, TT-A100
+  std::string name;              ///< the model's name
+  model_desc model;
+  gpu_desc gpu;
+  int gpus = 0;
+  layout_constraint published;   ///< the published layout; unstated fields are 0 / empty
+  int global_batch = 0;
+  double published_mfu = 0;      ///< fraction of peak, in the source's own FLOP count
+  std::string confidence;
+};
+
+namespace detail {
+
+inline std::vector<std::string> split_csv_line(const std::string& line) {
+  std::vector<std::string> fields(1);
+  bool quoted = false;
+  for (char ch : line) {
+    if (ch == '"') quoted = !quoted;
+    else if (ch == ',' && !quoted) fields.emplace_back();
+    else if (ch != '\r') fields.back() += ch;
+  }
+  return fields;
+}
+
+/// The number a field starts with ("64 (FSDP2)" -> 64, "~37.5% of 312" -> 37.5, "local bs 1" -> 1),
+/// or 0 when it states none ("?", empty).
+inline double leading_number(std::string_view text) {
+  std::size_t i = 0;
+  while (i < text.size() && !(std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
+  if (i == text.size()) return 0;
+  return std::strtod(std::string(text.substr(i)).c_str(), nullptr);
+}
+
+inline bool starts_with(std::string_view text, std::string_view prefix) { return text.substr(0, prefix.size()) == prefix; }
+inline bool contains(std::string_view text, std::string_view part) { return text.find(part) != std::string_view::npos; }
+
+}  // namespace detail
+
+/// The training software each source used, as the source describes it. N21: Megatron-LM of 2021
+/// (no fused attention, no sequence parallelism, gradients all-reduced after the backward pass, no
+/// optimizer sharding, dropout 0.1). MLM24: Megatron-Core of 2024 (fused attention, sequence
+/// parallelism, distributed optimizer, data- and tensor-parallel communication overlapped with
+/// compute, as its README states). BLOOM and NEOX:
+/// Megatron-DeepSpeed / GPT-NeoX of 2022 (ZeRO-1, plain 1F1B, no overlap, no fused attention).
+/// TT: torchtitan of 2024 (FSDP2, fused attention, overlapped).
+inline software_desc software_of(std::string_view source) {
+  if (source == "N21")
+    return {.flash_attention = false, .sequence_parallel = false, .interleaved_schedule = true,
+            .context_parallel = false, .overlap_dp = false, .max_sharding = sharding::none,
+            .selective_recompute = false, .gradient_bytes = 2};
+  if (source == "BLOOM")
+    return {.flash_attention = false, .sequence_parallel = false, .interleaved_schedule = false,
+            .context_parallel = false, .overlap_dp = false, .max_sharding = sharding::optimizer,
+            .selective_recompute = false, .gradient_bytes = 4};
+  if (source == "NEOX")
+    return {.flash_attention = false, .sequence_parallel = false, .interleaved_schedule = false,
+            .context_parallel = false, .overlap_dp = false, .max_sharding = sharding::optimizer,
+            .selective_recompute = false, .gradient_bytes = 2};
+  if (source == "MLM24")
+    return {.flash_attention = true, .sequence_parallel = true, .interleaved_schedule = true, .overlap_dp = true,
+            .overlap_tp = true, .max_sharding = sharding::optimizer};
+  return {.flash_attention = true, .sequence_parallel = true, .interleaved_schedule = true, .context_parallel = false,
+          .overlap_dp = true, .max_sharding = sharding::full};
+}
+
+/// FLOPs per token as the source counts them (see the data README): N21 and MLM24 count model
+/// FLOPs as Korthikanti et al. (72 l h^2 (1 + s/6h + V/12lh) per sequence token), BLOOM 6 N,
+/// torchtitan 6 N + 12 l h s; GPT-NeoX's figure is taken as the same count as N21's.
+inline double source_flops_per_token(const published_run& run) {
+  if (run.source == "BLOOM") return 6 * param_count(run.model);
+  if (detail::starts_with(run.source, "TT"))
+    return 6 * param_count(run.model) + 12.0 * run.model.layers * run.model.hidden * run.model.seq;
+  return model_flops_per_token(run.model);
+}
+
+/// Parses published_runs.csv. Fields the file leaves blank that are facts of the model (Llama 3's
+/// gated MLP, its MLP sizes and vocabulary) are filled from the model's public configuration;
+/// tied embeddings and dropout follow each source's recipe. Throws weft::error on a malformed file.
+inline std::vector<published_run> read_published_runs(std::istream& in) {
+  std::string line;
+  if (!std::getline(in, line)) fail("tune: published runs: empty file");
+  const std::vector<std::string> header = detail::split_csv_line(line);
+  auto column = [&](std::string_view name) -> std::size_t {
+    for (std::size_t i = 0; i < header.size(); ++i)
+      if (header[i] == name) return i;
+    fail("tune: published runs: no column '" + std::string(name) + "'");
+  };
+  const std::size_t c_source = column("source"), c_model = column("model"), c_params = column("params_b"),
+                    c_layers = column("layers"), c_hidden = column("hidden"), c_heads = column("heads"),
+                    c_kv = column("kv_heads"), c_seq = column("seq"), c_vocab = column("vocab"), c_gpu = column("gpu"),
+                    c_gpus = column("n_gpus"), c_tp = column("tp"), c_pp = column("pp"), c_dp = column("dp"),
+                    c_cp = column("cp"), c_vp = column("vp"), c_mb = column("micro_batch"),
+                    c_gb = column("global_batch"), c_rc = column("recompute"), c_mfu = column("mfu"),
+                    c_conf = column("confidence");
+  std::vector<published_run> runs;
+  while (std::getline(in, line)) {
+    if (line.empty() || line == "\r") continue;
+    const std::vector<std::string> f = detail::split_csv_line(line);
+    if (f.size() < header.size()) fail("tune: published runs: short row: " + line);
+    auto num = [&](std::size_t c) { return detail::leading_number(f[c]); };
+    auto integer = [&](std::size_t c) { return static_cast<int>(std::lround(num(c))); };
+    published_run r;
+    r.source = f[c_source];
+    r.name = f[c_model];
+    r.confidence = f[c_conf];
+    model_desc& m = r.model;
+    m.layers = integer(c_layers);
+    m.hidden = integer(c_hidden);
+    m.heads = integer(c_heads);
+    m.kv_heads = integer(c_kv);
+    m.seq = integer(c_seq);
+    m.vocab = integer(c_vocab);
+    m.params = num(c_params) * 1e9;
+    m.dropout = r.source == "N21";
+    m.tied_embeddings = r.source == "N21" || r.source == "BLOOM";
+    if (detail::starts_with(r.name, "Llama 3")) {  // Meta's published Llama 3 configuration
+      m.swiglu = true;
+      m.ffn = m.hidden == 4096 ? 14336 : 28672;
+      if (m.vocab == 0) m.vocab = 128256;
+      m.params = 0;  // derived from the full shape
+    }
+    const std::string& gpu = f[c_gpu];
+    for (const gpu_desc& g : gpu_presets)
+      if (detail::starts_with(gpu, g.name)) r.gpu = g;
+    if (r.gpu.name.empty()) fail("tune: published runs: unknown GPU '" + gpu + "'");
+    r.gpus = integer(c_gpus);
+    layout_constraint& l = r.published;
+    l.tp = integer(c_tp);
+    l.pp = integer(c_pp);
+    l.dp = integer(c_dp);
+    l.cp = std::max(1, integer(c_cp));
+    l.vp = integer(c_vp);
+    l.micro_batch = integer(c_mb);
+    if (detail::starts_with(f[c_rc], "full")) l.recompute_mode = recompute::full;
+    if (detail::starts_with(f[c_rc], "selective")) l.recompute_mode = recompute::selective;
+    if (detail::contains(f[c_dp], "FSDP")) l.sharding_mode = sharding::full;
+    if (detail::contains(f[c_rc], "ZeRO-1")) l.sharding_mode = sharding::optimizer;
+    if (l.pp == 1 && l.vp == 0) l.vp = 1;
+    r.global_batch = integer(c_gb);
+    r.published_mfu = num(c_mfu) / 100;
+    if (r.model.layers <= 0 || r.gpus <= 0 || l.tp <= 0 || l.pp <= 0 || l.dp <= 0 || r.global_batch <= 0 ||
+        r.published_mfu <= 0)
+      fail("tune: published runs: incomplete row: " + line);
+    runs.push_back(r);
+  }
+  return runs;
+}
+
+/// Reads published_runs.csv from `path`; throws weft::error if it cannot be opened.
+inline std::vector<published_run> read_published_runs(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) fail("tune: cannot open published runs file '" + path + "'");
+  return read_published_runs(in);
+}
+
+/// The cluster a run used: DGX-like nodes of its GPU (8 per node, NVSwitch, one InfiniBand port
+/// per GPU), the shape of the systems the sources ran on.
+inline cluster_desc cluster_of(const published_run& run) {
+  return dgx_cluster(run.gpu, (run.gpus + 7) / 8);
+}
+
+/// One run checked against the model.
+struct run_check {
+  plan published;        ///< the published layout as the model predicts it (unstated fields chosen by the model)
+  double predicted_mfu;  ///< the prediction in the source's own FLOP count
+  double error;          ///< predicted_mfu / published_mfu - 1
+  plan chosen;           ///< the search's choice from the model, GPU type and count and batch alone
+  plan with_published_tp;  ///< the search's best when held to the published TP degree
+  bool same_tp;
+  bool pp_within_2;
+  bool not_worse;        ///< the choice's predicted throughput is at least the published layout's
+};
+
+/// Checks one run: (a) with its published layout and (b) with a free search.
+inline run_check check_run(const published_run& run, const calibration& calib = default_calibration) {
+  const cluster_desc cluster = cluster_of(run);
+  const job_desc job{.global_batch = run.global_batch};
+  search_options options{.top = 1, .fixed = run.published, .software = software_of(run.source), .calib = calib};
+  // BLOOM's 70 layers on 12 stages; unstated virtual stages must still divide the layers.
+  options.allow_uneven_stages = run.model.layers % run.published.pp != 0;
+  search_result own = search(run.model, cluster, job, options);
+  if (own.plans.empty()) fail("tune: the published layout of " + run.name + " does not fit the memory model");
+  run_check c;
+  c.published = own.plans.front();
+  c.predicted_mfu = c.published.tokens_per_s / run.gpus * source_flops_per_token(run) / run.gpu.peak_bf16;
+  c.error = c.predicted_mfu / run.published_mfu - 1;
+  search_options free{.top = 1, .software = software_of(run.source), .calib = calib};
+  search_result chosen = search(run.model, cluster, job, free);
+  if (chosen.plans.empty()) {  // e.g. BLOOM: no pipeline depth divides both its 70 layers and 384 GPUs
+    free.allow_uneven_stages = true;
+    chosen = search(run.model, cluster, job, free);
+  }
+  if (chosen.plans.empty()) fail("tune: no layout fits for " + run.name);
+  c.chosen = chosen.plans.front();
+  free.fixed.tp = run.published.tp;
+  const search_result same_tp = search(run.model, cluster, job, free);
+  c.with_published_tp = same_tp.plans.empty() ? c.published : same_tp.plans.front();
+  c.same_tp = c.chosen.config.tp == run.published.tp;
+  c.pp_within_2 = c.chosen.config.pp * 2 >= run.published.pp && c.chosen.config.pp <= 2 * run.published.pp;
+  c.not_worse = c.chosen.tokens_per_s >= c.published.tokens_per_s * (1 - 1e-9);
+  return c;
+}
+
+}  // namespace weft::tune

@@ -1,0 +1,520 @@
+// The NCCL backend on GPUs (label gpu: `ctest -L gpu` on a machine with one GPU per rank).
+// Every collective x dtype x in-place/out-of-place x blocking/async, checked against values each
+// rank computes independently from the formula that generated every rank's input; then point to
+// point, barrier, split, agreement checks, streams, destruction with pending work, timeout, abort.
+#include <catch2/catch.hpp>
+
+#include <cuda_runtime_api.h>
+#include <mpi.h>
+
+#include <weft/backend/nccl/backend.hpp>
+#include <weft/comm/communicator.hpp>
+#include <weft/launch/nccl_bootstrap.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+using weft::reduce_op;
+using Catch::Contains;
+
+namespace {
+
+using nccl_comm = weft::communicator<weft::nccl_backend>;
+
+// One world communicator for the whole run (building one costs far more than the tests); it
+// lives until the process exits.
+nccl_comm& world() {
+  static nccl_comm* comm = new nccl_comm(weft::nccl_world());
+  return *comm;
+}
+
+void cuda_ok(cudaError_t status) {
+  INFO(cudaGetErrorName(status) << ": " << cudaGetErrorString(status));
+  REQUIRE(status == cudaSuccess);
+}
+
+// Device memory holding n elements of T, filled from and read back into host vectors.
+template <class T>
+class device_array {
+ public:
+  explicit device_array(std::size_t n) : n_(n) {
+    if (n_ > 0) cuda_ok(cudaMalloc(reinterpret_cast<void**>(&data_), n_ * sizeof(T)));
+  }
+  explicit device_array(const std::vector<T>& host) : device_array(host.size()) { upload(host); }
+  device_array(const device_array&) = delete;
+  device_array& operator=(const device_array&) = delete;
+  ~device_array() {
+    if (data_ != nullptr) cudaFree(data_);
+  }
+  std::span<T> span() const { return {data_, n_}; }
+  void upload(const std::vector<T>& host) {
+    REQUIRE(host.size() == n_);
+    if (n_ == 0) return;
+    cuda_ok(cudaMemcpy(data_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
+    cuda_ok(cudaDeviceSynchronize());  // the communicator's stream does not order after this copy
+  }
+  std::vector<T> download() const {
+    std::vector<T> host(n_);
+    if (n_ > 0) cuda_ok(cudaMemcpy(host.data(), data_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
+    return host;
+  }
+
+ private:
+  T* data_ = nullptr;
+  std::size_t n_;
+};
+
+template <class T>
+constexpr bool is_16_bit_float = std::is_same_v<T, weft::half> || std::is_same_v<T, weft::bfloat16>;
+
+template <class T>
+T make(double v) {
+  if constexpr (is_16_bit_float<T>)
+    return T(static_cast<float>(v));
+  else
+    return static_cast<T>(v);
+}
+
+template <class T>
+double value(T v) {
+  if constexpr (is_16_bit_float<T>)
+    return static_cast<double>(float(v));
+  else
+    return static_cast<double>(v);
+}
+
+// Input of `rank` at index i: small integers, so every dtype holds every exact result for up to 8 ranks.
+double input(int rank, std::size_t i, reduce_op op) {
+  if (op == reduce_op::prod) return 1.0 + static_cast<double>((static_cast<std::size_t>(rank) + i) % 2);
+  return 1.0 + static_cast<double>((static_cast<std::size_t>(rank) * 7 + i * 3) % 5);
+}
+
+template <class T>
+std::vector<T> inputs(int rank, std::size_t n, reduce_op op, std::size_t offset = 0) {
+  std::vector<T> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = make<T>(input(rank, i + offset, op));
+  return v;
+}
+
+template <class T>
+double expected_reduction(int ranks, std::size_t i, reduce_op op) {
+  double acc = input(0, i, op);
+  for (int r = 1; r < ranks; ++r) {
+    double x = input(r, i, op);
+    switch (op) {
+      case reduce_op::sum:
+      case reduce_op::avg: acc += x; break;
+      case reduce_op::prod: acc *= x; break;
+      case reduce_op::min: acc = std::min(acc, x); break;
+      case reduce_op::max: acc = std::max(acc, x); break;
+    }
+  }
+  if (op == reduce_op::avg) return std::is_integral_v<T> ? std::floor(acc / ranks) : acc / ranks;
+  return acc;
+}
+
+// Averages of floating types are rounded in the type (NCCL may scale before summing); all else is exact.
+template <class T>
+double tolerance(reduce_op op) {
+  if (op != reduce_op::avg || std::is_integral_v<T>) return 0.0;
+  if constexpr (std::is_same_v<T, weft::bfloat16>) return 2e-2;
+  if constexpr (std::is_same_v<T, weft::half>) return 4e-3;
+  if constexpr (std::is_same_v<T, float>) return 1e-5;
+  return 1e-12;
+}
+
+template <class T>
+void check_reduced(const std::vector<T>& got, int ranks, reduce_op op, std::size_t offset = 0) {
+  const double tol = tolerance<T>(op);
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    INFO("index " << i << " op " << weft::to_string(op) << " ranks " << ranks);
+    const double want = expected_reduction<T>(ranks, i + offset, op);
+    if (tol == 0.0)
+      REQUIRE(value(got[i]) == want);
+    else
+      REQUIRE(value(got[i]) == Approx(want).epsilon(tol));
+  }
+}
+
+// Value of element k of the block that `from` sends to `to` (all_to_all, gathers, broadcasts).
+double tagged(int from, int to, std::size_t k) {
+  return static_cast<double>((from * 5 + to * 3 + static_cast<int>(k % 7)) % 11);
+}
+
+constexpr reduce_op all_ops[] = {reduce_op::sum, reduce_op::prod, reduce_op::min, reduce_op::max, reduce_op::avg};
+constexpr std::size_t counts[] = {1, 3, 1000, 4099};
+
+enum class mode { blocking, async };
+constexpr mode both_modes[] = {mode::blocking, mode::async};
+
+}  // namespace
+
+#define WEFT_ALL_TYPES float, double, weft::half, weft::bfloat16, std::int32_t, std::int64_t, std::uint8_t
+
+TEMPLATE_TEST_CASE("NCCL all_reduce: every op, in and out of place, blocking and async", "[nccl][gpu]",
+                   WEFT_ALL_TYPES) {
+  auto& comm = world();
+  const int p = comm.size();
+  for (reduce_op op : all_ops)
+    for (std::size_t n : counts)
+      for (mode m : both_modes) {
+        const auto mine = inputs<TestType>(comm.rank(), n, op);
+        device_array<TestType> send(mine), recv(n);
+        if (m == mode::blocking)
+          comm.all_reduce(send.span(), recv.span(), op);
+        else
+          comm.all_reduce_async(send.span(), recv.span(), op).wait();
+        check_reduced(recv.download(), p, op);
+        REQUIRE(send.download() == mine);  // out of place leaves the input alone
+
+        device_array<TestType> inout(mine);
+        if (m == mode::blocking)
+          comm.all_reduce(inout.span(), op);
+        else
+          comm.all_reduce_async(inout.span(), op).wait();
+        check_reduced(inout.download(), p, op);
+      }
+}
+
+TEMPLATE_TEST_CASE("NCCL reduce: result on the root only", "[nccl][gpu]", WEFT_ALL_TYPES) {
+  auto& comm = world();
+  const int p = comm.size();
+  const int root = p - 1;
+  const bool is_root = comm.rank() == root;
+  for (reduce_op op : all_ops)
+    for (std::size_t n : {std::size_t{3}, std::size_t{4099}})
+      for (mode m : both_modes) {
+        const auto mine = inputs<TestType>(comm.rank(), n, op);
+        device_array<TestType> send(mine), recv(is_root ? n : 0);  // non-roots pass no recv buffer
+        if (m == mode::blocking)
+          comm.reduce(send.span(), recv.span(), root, op);
+        else
+          comm.reduce_async(send.span(), recv.span(), root, op).wait();
+        if (is_root) check_reduced(recv.download(), p, op);
+
+        device_array<TestType> inout(mine);
+        if (m == mode::blocking)
+          comm.reduce(inout.span(), root, op);
+        else
+          comm.reduce_async(inout.span(), root, op).wait();
+        if (is_root)
+          check_reduced(inout.download(), p, op);
+        else
+          REQUIRE(inout.download() == mine);
+      }
+}
+
+TEMPLATE_TEST_CASE("NCCL broadcast from a root that is not rank 0 when possible", "[nccl][gpu]", WEFT_ALL_TYPES) {
+  auto& comm = world();
+  const int p = comm.size();
+  const int root = p > 1 ? 1 : 0;
+  const bool is_root = comm.rank() == root;
+  for (std::size_t n : counts)
+    for (mode m : both_modes) {
+      std::vector<TestType> from_root(n);
+      for (std::size_t k = 0; k < n; ++k) from_root[k] = make<TestType>(tagged(root, 0, k));
+      device_array<TestType> send(is_root ? from_root : std::vector<TestType>{}), recv(n);
+      if (m == mode::blocking)
+        comm.broadcast(send.span(), recv.span(), root);
+      else
+        comm.broadcast_async(send.span(), recv.span(), root).wait();
+      REQUIRE(recv.download() == from_root);
+
+      device_array<TestType> inout(is_root ? from_root : std::vector<TestType>(n, make<TestType>(0)));
+      if (m == mode::blocking)
+        comm.broadcast(inout.span(), root);
+      else
+        comm.broadcast_async(inout.span(), root).wait();
+      REQUIRE(inout.download() == from_root);
+    }
+}
+
+TEMPLATE_TEST_CASE("NCCL all_gather in and out of place", "[nccl][gpu]", WEFT_ALL_TYPES) {
+  auto& comm = world();
+  const int p = comm.size();
+  const auto P = static_cast<std::size_t>(p);
+  for (std::size_t n : counts)
+    for (mode m : both_modes) {
+      std::vector<TestType> mine(n), want(n * P);
+      for (std::size_t k = 0; k < n; ++k) mine[k] = make<TestType>(tagged(comm.rank(), 0, k));
+      for (int r = 0; r < p; ++r)
+        for (std::size_t k = 0; k < n; ++k)
+          want[static_cast<std::size_t>(r) * n + k] = make<TestType>(tagged(r, 0, k));
+
+      device_array<TestType> send(mine), recv(n * P);
+      if (m == mode::blocking)
+        comm.all_gather(send.span(), recv.span());
+      else
+        comm.all_gather_async(send.span(), recv.span()).wait();
+      REQUIRE(recv.download() == want);
+
+      std::vector<TestType> own_block_only(n * P, make<TestType>(0));
+      std::copy(mine.begin(), mine.end(), own_block_only.begin() + static_cast<std::ptrdiff_t>(comm.rank() * n));
+      device_array<TestType> inout(own_block_only);
+      if (m == mode::blocking)
+        comm.all_gather_in_place(inout.span());
+      else
+        comm.all_gather_in_place_async(inout.span()).wait();
+      REQUIRE(inout.download() == want);
+    }
+}
+
+TEMPLATE_TEST_CASE("NCCL reduce_scatter in and out of place", "[nccl][gpu]", WEFT_ALL_TYPES) {
+  auto& comm = world();
+  const int p = comm.size();
+  const auto P = static_cast<std::size_t>(p);
+  const std::size_t own = static_cast<std::size_t>(comm.rank());
+  for (reduce_op op : all_ops)
+    for (std::size_t n : {std::size_t{1}, std::size_t{3}, std::size_t{1001}})
+      for (mode m : both_modes) {
+        const auto mine = inputs<TestType>(comm.rank(), n * P, op);
+        device_array<TestType> send(mine), recv(n);
+        if (m == mode::blocking)
+          comm.reduce_scatter(send.span(), recv.span(), op);
+        else
+          comm.reduce_scatter_async(send.span(), recv.span(), op).wait();
+        check_reduced(recv.download(), p, op, own * n);
+
+        device_array<TestType> inout(mine);
+        if (m == mode::blocking)
+          comm.reduce_scatter_in_place(inout.span(), op);
+        else
+          comm.reduce_scatter_in_place_async(inout.span(), op).wait();
+        auto all = inout.download();
+        check_reduced(std::vector<TestType>(all.begin() + static_cast<std::ptrdiff_t>(own * n),
+                                            all.begin() + static_cast<std::ptrdiff_t>((own + 1) * n)),
+                      p, op, own * n);
+      }
+}
+
+TEMPLATE_TEST_CASE("NCCL all_to_all in and out of place", "[nccl][gpu]", WEFT_ALL_TYPES) {
+  auto& comm = world();
+  const int p = comm.size();
+  const auto P = static_cast<std::size_t>(p);
+  for (std::size_t n : {std::size_t{1}, std::size_t{5}, std::size_t{1001}})
+    for (mode m : both_modes) {
+      std::vector<TestType> mine(n * P), want(n * P);
+      for (int peer = 0; peer < p; ++peer)
+        for (std::size_t k = 0; k < n; ++k) {
+          mine[static_cast<std::size_t>(peer) * n + k] = make<TestType>(tagged(comm.rank(), peer, k));
+          want[static_cast<std::size_t>(peer) * n + k] = make<TestType>(tagged(peer, comm.rank(), k));
+        }
+      device_array<TestType> send(mine), recv(n * P);
+      if (m == mode::blocking)
+        comm.all_to_all(send.span(), recv.span());
+      else
+        comm.all_to_all_async(send.span(), recv.span()).wait();
+      REQUIRE(recv.download() == want);
+      REQUIRE(send.download() == mine);
+
+      device_array<TestType> inout(mine);
+      if (m == mode::blocking)
+        comm.all_to_all(inout.span());
+      else
+        comm.all_to_all_async(inout.span()).wait();
+      REQUIRE(inout.download() == want);
+    }
+}
+
+TEST_CASE("NCCL point to point: a ring, single and batched, blocking and async", "[nccl][gpu]") {
+  auto& comm = world();
+  const int p = comm.size();
+  if (p < 2) {
+    WARN("point to point needs two ranks");
+    return;
+  }
+  const int r = comm.rank();
+  const int next = (r + 1) % p;
+  const int prev = (r + p - 1) % p;
+  const std::size_t n = 777;
+  auto block = [n](int from, int to) {
+    std::vector<std::int64_t> v(n);
+    for (std::size_t k = 0; k < n; ++k) v[k] = static_cast<std::int64_t>(tagged(from, to, k)) + 1000 * from;
+    return v;
+  };
+
+  SECTION("batched, both directions at once") {
+    for (mode m : both_modes) {
+      device_array<std::int64_t> to_next(block(r, next)), to_prev(block(r, prev)), from_prev(n), from_next(n);
+      auto batch = comm.batch();
+      batch.send(to_next.span(), next).send(to_prev.span(), prev).recv(from_prev.span(), prev).recv(from_next.span(),
+                                                                                                  next);
+      if (m == mode::blocking)
+        batch.run();
+      else
+        batch.run_async().wait();
+      REQUIRE(from_prev.download() == block(prev, r));
+      REQUIRE(from_next.download() == block(next, r));
+    }
+  }
+
+  SECTION("single async sends and receives") {
+    device_array<std::int64_t> out(block(r, next)), in(n);
+    auto received = comm.recv_async(in.span(), prev);
+    auto sent = comm.send_async(out.span(), next);
+    sent.wait();
+    received.wait();
+    REQUIRE(in.download() == block(prev, r));
+  }
+
+  SECTION("blocking pairs: even ranks send first") {
+    if (p % 2 != 0) {
+      WARN("blocking pairs need an even rank count");
+      return;
+    }
+    const int partner = r % 2 == 0 ? r + 1 : r - 1;
+    device_array<std::int64_t> out(block(r, partner)), in(n);
+    if (r % 2 == 0) {
+      comm.send(out.span(), partner);
+      comm.recv(in.span(), partner);
+    } else {
+      comm.recv(in.span(), partner);
+      comm.send(out.span(), partner);
+    }
+    REQUIRE(in.download() == block(partner, r));
+  }
+}
+
+TEST_CASE("NCCL barrier, blocking and async", "[nccl][gpu]") {
+  auto& comm = world();
+  comm.barrier();
+  auto pending = comm.barrier_async();
+  pending.wait();
+  CHECK_FALSE(pending.pending());
+  // After a blocking barrier every rank has passed the previous one: MPI sees them all.
+  comm.barrier();
+  int one = 1, sum = 0;
+  MPI_Allreduce(&one, &sum, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  CHECK(sum == comm.size());
+}
+
+TEST_CASE("NCCL split: groups by color ordered by key; left-out ranks get nothing", "[nccl][gpu]") {
+  auto& comm = world();
+  const int p = comm.size();
+  const int r = comm.rank();
+  const int color = r % 2;
+  auto child = comm.split(color, p - r, "parity");  // key p - r: reverse order
+  REQUIRE(child.has_value());
+  int members = 0, position = 0;
+  for (int q = 0; q < p; ++q)
+    if (q % 2 == color) {
+      ++members;
+      if (q > r) ++position;
+    }
+  CHECK(child->size() == members);
+  CHECK(child->rank() == position);
+  CHECK(child->name() == "parity");
+
+  device_array<std::int64_t> x(std::vector<std::int64_t>{r});
+  child->all_reduce(x.span());
+  std::int64_t want = 0;
+  for (int q = 0; q < p; ++q)
+    if (q % 2 == color) want += q;
+  CHECK(x.download()[0] == want);
+
+  auto without_last = comm.split(r == p - 1 ? -1 : 0, r, "without_last");
+  CHECK(without_last.has_value() == (r != p - 1));
+}
+
+TEST_CASE("NCCL agreement checks go through host_all_gather", "[nccl][gpu]") {
+  auto& comm = world();
+  const int p = comm.size();
+  CHECK_NOTHROW(comm.expect_same_on_all_ranks("a layout", 42));
+  if (p > 1) {
+    CHECK_THROWS_WITH(comm.expect_same_on_all_ranks("a layout", comm.rank() == p - 1 ? 7 : 42),
+                      Contains("ranks disagree about a layout: ranks " + std::to_string(p - 1)));
+    auto checked = comm.split(0, comm.rank(), "checked");
+    REQUIRE(checked.has_value());
+    checked->set_checks(weft::check_level::communication);
+    device_array<float> x(comm.rank() == 0 ? 3 : 4);
+    CHECK_THROWS_WITH(checked->all_reduce(x.span()), Contains("called different operations or shapes"));
+    device_array<float> y(std::vector<float>(4, 1.0f));
+    checked->all_reduce(y.span());  // agreeing calls still work
+    CHECK(y.download() == std::vector<float>(4, static_cast<float>(p)));
+  }
+}
+
+TEST_CASE("NCCL streams: a compute stream waits on a request without the host", "[nccl][gpu]") {
+  auto& comm = world();
+  const int p = comm.size();
+  const std::size_t n = 1 << 20;
+  cudaStream_t compute = nullptr;
+  cuda_ok(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
+  float* pinned = nullptr;
+  cuda_ok(cudaMallocHost(reinterpret_cast<void**>(&pinned), n * sizeof(float)));
+
+  SECTION("make_stream_wait orders the compute stream after the operation") {
+    device_array<float> x(std::vector<float>(n, 1.0f));
+    auto pending = comm.all_reduce_async(x.span());
+    pending.make_stream_wait(compute);
+    cuda_ok(cudaMemcpyAsync(pinned, x.span().data(), n * sizeof(float), cudaMemcpyDeviceToHost, compute));
+    cuda_ok(cudaStreamSynchronize(compute));
+    CHECK(pinned[0] == static_cast<float>(p));
+    CHECK(pinned[n - 1] == static_cast<float>(p));
+    pending.wait();
+  }
+
+  SECTION("operations can go on the caller's stream, and back") {
+    auto& native = comm.native();
+    cudaStream_t own = native.stream();
+    native.use_stream(compute);
+    CHECK(native.stream() == compute);
+    device_array<float> x(std::vector<float>(n, 2.0f));
+    comm.all_reduce_async(x.span()).wait();
+    CHECK(x.download()[n / 2] == 2.0f * static_cast<float>(p));
+    native.use_stream(std::nullopt);
+    CHECK(native.stream() == own);
+  }
+
+  cudaFreeHost(pinned);
+  cudaStreamDestroy(compute);
+}
+
+TEST_CASE("NCCL: destroying a communicator waits for its pending work", "[nccl][gpu]") {
+  auto& comm = world();
+  const int p = comm.size();
+  device_array<double> x(std::vector<double>(1 << 22, 0.5));
+  nccl_comm::request pending;
+  {
+    auto child = comm.split(0, comm.rank(), "short_lived");
+    REQUIRE(child.has_value());
+    pending = child->all_reduce_async(x.span());
+  }  // the child is destroyed here, with the all-reduce possibly still running
+  pending.wait();  // completes without touching the destroyed communicator
+  CHECK(x.download().back() == 0.5 * p);
+}
+
+TEST_CASE("NCCL abort: a stuck operation ends, its request throws, the communicator is unusable",
+          "[nccl][gpu]") {
+  auto& comm = world();
+  const int p = comm.size();
+  auto doomed = comm.split(0, comm.rank(), "doomed");
+  REQUIRE(doomed.has_value());
+  device_array<float> buffer(16);
+  if (p > 1 && comm.rank() < 2) {
+    // NCCL connects peers on their first exchange, on the host: connect ranks 0 and 1 first, so
+    // that the unmatched receive below is enqueued and then stuck on the GPU, not on the host.
+    device_array<float> out(std::vector<float>(16, 1.0f));
+    doomed->batch().send(out.span(), 1 - comm.rank()).recv(buffer.span(), 1 - comm.rank()).run();
+  }
+  if (p > 1 && comm.rank() == 0) {
+    // A receive nobody will match: it never completes by itself.
+    auto stuck = doomed->recv_async(buffer.span(), 1);
+    CHECK_FALSE(stuck.test());
+    doomed->native().set_timeout(std::chrono::milliseconds(200));
+    CHECK_THROWS_WITH(stuck.wait(), Contains("did not complete within 200 ms"));
+    auto second = doomed->recv_async(buffer.span(), 1);
+    doomed->native().abort();
+    CHECK_THROWS_WITH(second.wait(), Contains("aborted"));
+  } else {
+    doomed->native().abort();
+  }
+  CHECK_FALSE(doomed->native().valid());
+  CHECK_THROWS_WITH(doomed->all_reduce(buffer.span()), Contains("the communicator was aborted"));
+  comm.barrier();  // the world communicator is unaffected
+}

@@ -1,0 +1,87 @@
+"""Runs weft-plan and checks its --json output and its exit codes for bad input.
+
+Usage: check_weft_plan.py path/to/weft-plan
+"""
+import json
+import subprocess
+import sys
+
+PLAN = sys.argv[1]
+failures = []
+
+
+def run(*args):
+    return subprocess.run([PLAN, *args], capture_output=True, text=True, timeout=60)
+
+
+def check(condition, message):
+    if not condition:
+        failures.append(message)
+
+
+LLAMA7 = ["--layers", "32", "--hidden", "4096", "--heads", "32", "--seq", "4096", "--vocab", "32000",
+          "--ffn", "11008", "--swiglu"]
+
+# Search: a JSON object with plans, best first, with the documented fields and sane values.
+r = run(*LLAMA7, "--gpu", "H100", "--gpus", "64", "--global-batch", "512", "--tokens", "1T",
+        "--price", "2", "--top", "4", "--json")
+check(r.returncode == 0, f"search exit {r.returncode}: {r.stderr}")
+out = json.loads(r.stdout)
+plans = out["plans"]
+check(len(plans) == 4, "--top 4 gives 4 plans")
+for p in plans:
+    for key in ("tp", "pp", "dp", "cp", "vp", "micro_batch", "recompute", "mfu", "tokens_per_s",
+                "memory_per_gpu_bytes", "step_time_s"):
+        check(key in p, f"plan lacks {key}")
+    check(p["tp"] * p["pp"] * p["dp"] * p["cp"] == 64, "degrees multiply to the GPU count")
+    check(0 < p["mfu"] < 1, "mfu is a fraction")
+    check(p["memory_per_gpu_bytes"] < 80 * 2**30, "plans fit in 80 GB")
+    check(abs(p["tokens_per_s"] * p["step_time_s"] - 512 * 4096) < 1e-3 * 512 * 4096,
+          "tokens/s x step time = tokens per step")
+    check(abs(p["days"] - 1e12 / p["tokens_per_s"] / 86400) < 1e-3 * p["days"], "days from throughput")
+check(all(a["tokens_per_s"] >= b["tokens_per_s"] for a, b in zip(plans, plans[1:])), "plans are best first")
+check(plans[0]["tp"] == 1 and plans[0]["pp"] == 1, "a 7B model on 64 H100s trains data parallel")
+
+# Evaluate one layout: the answer keeps it.
+r = run(*LLAMA7, "--gpu", "A100-80GB", "--gpus", "16", "--global-batch", "256", "--tp", "2", "--pp", "2",
+        "--dp", "4", "--micro-batch", "1", "--recompute", "full", "--json")
+check(r.returncode == 0, f"evaluate exit {r.returncode}: {r.stderr}")
+p = json.loads(r.stdout)["plans"][0]
+check((p["tp"], p["pp"], p["dp"], p["micro_batch"], p["recompute"]) == (2, 2, 4, 1, "full"), "evaluate keeps the layout")
+
+# The explanation names the usual alternatives with the model's numbers.
+r = run("--model", "llama2-7b", "--gpu", "H100", "--gpus", "64", "--global-batch", "512", "--explain")
+check(r.returncode == 0 and "8-way TP" in r.stdout and "TP collectives take" in r.stdout, "explanation of 8-way TP")
+
+# The blog's claim: 8 x A100 in 120 days needs more than 100 % MFU.
+r = run("--model", "llama2-7b", "--gpu", "A100-80GB", "--gpus", "8", "--global-batch", "1024", "--tokens", "1T",
+        "--claim-days", "120", "--json")
+claim = json.loads(r.stdout)["claim"]
+check(claim["implied_mfu"] > 1 and claim["possible"] is False, "8 x A100 120-day claim is impossible")
+check(claim["predicted_days"] > 120, "the model needs more than 120 days")
+
+# Bad input: non-zero exit with the reason and, where possible, the nearest valid alternative.
+bad = [
+    (("--gpus", "16", "--tp", "4", "--pp", "2", "--dp", "4"), "but there are 16 GPUs", "--dp 2"),
+    (("--gpus", "16", "--tp", "3", "--pp", "1", "--dp", "2"), "do not divide by tp = 3", "nearest valid tp: 2 or 4"),
+    (("--gpus", "12", "--gpus-per-node", "4", "--tp", "2", "--pp", "3", "--dp", "2"), "layers do not divide",
+     "valid"),
+    (("--gpus", "16", "--recompute", "sometimes"), "--recompute must be", ""),
+]
+for extra, reason, hint in bad:
+    r = run(*LLAMA7, "--gpu", "H100", "--global-batch", "192", *extra)
+    check(r.returncode == 2, f"{extra}: exit {r.returncode}, want 2")
+    check(reason in r.stderr and hint in r.stderr, f"{extra}: message {r.stderr!r}")
+r = run("--model", "llama3-405b", "--gpu", "A100-40GB", "--gpus", "8", "--global-batch", "64")
+check(r.returncode == 3 and "no layout fits" in r.stderr and "GB per GPU" in r.stderr, f"nothing fits: {r.stderr!r}")
+r = run(*LLAMA7, "--gpu", "V100", "--gpus", "8", "--global-batch", "64")
+check(r.returncode == 2 and "unknown GPU" in r.stderr and "H100" in r.stderr, "unknown GPU")
+r = run(*LLAMA7, "--gpu", "H100", "--gpus", "12", "--global-batch", "64")
+check(r.returncode == 2 and "whole number of nodes" in r.stderr, "partial nodes")
+r = run("--layers", "32", "--gpu", "H100", "--gpus", "8", "--global-batch", "64")
+check(r.returncode == 2 and "hidden" in r.stderr, "missing model fields")
+
+if failures:
+    print("FAILED:\n  " + "\n  ".join(failures))
+    sys.exit(1)
+print("weft-plan: all checks passed")
