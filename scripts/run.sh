@@ -14,6 +14,8 @@ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DWEFT_BUILD_TE
 cmake --build "$build" --parallel "$(nproc)" --target health_check allreduce_perf
 launch=(mpiexec -n "$ranks" --oversubscribe --bind-to none)
 echo "== cluster health check on $ranks local ranks"
-"${launch[@]}" "$build/examples/health_check/health_check" --bytes 64M --warmup 3 --rounds 20 "$@"
+# The default thresholds are the reference for 512 MiB across 64 H100 on InfiniBand; a CPU box
+# moving 64 MiB through shared memory is judged by its own, much slower, yardstick.
+"${launch[@]}" "$build/examples/health_check/health_check" --bytes 64M --warmup 3 --rounds 20 --expect-ms 1000 --fail-ms 5000 "$@"
 echo "== all-reduce sweep on $ranks local ranks"
 "${launch[@]}" "$build/bench/collectives/allreduce_perf" -b 8 -e 64M -f 8 -n 10 -w 2 -c 1

@@ -308,7 +308,12 @@ class communicator {
 
   void expect_equal(std::string_view operation, std::string_view a_name, std::size_t a, std::string_view b_name,
                     std::size_t b) const {
-    if (a != b)
+    if (a != b) [[unlikely]]
+      sizes_differ(operation, a_name, a, b_name, b);
+  }
+
+  [[noreturn, gnu::cold, gnu::noinline]] void sizes_differ(std::string_view operation, std::string_view a_name,
+                                                           std::size_t a, std::string_view b_name, std::size_t b) const {
       fail(where(operation) + ": " + std::string(a_name) + " has " + std::to_string(a) + " elements but " +
            std::string(b_name) + " has " + std::to_string(b) + "; pass buffers of the sizes the operation needs");
   }
@@ -342,7 +347,12 @@ class communicator {
   /// With check_level::communication: all ranks exchange (call, count, dtype, op, root) and
   /// compare, so a mismatch is an error on every rank instead of a hang or corruption.
   void agree_on_call(call_kind kind, std::size_t count, dtype type, reduce_op op, int root) {
-    if (checks_ != check_level::communication) return;
+    if (checks_ == check_level::communication) [[unlikely]]
+      agree_on_call_across_ranks(kind, count, type, op, root);
+  }
+
+  [[gnu::noinline]] void agree_on_call_across_ranks(call_kind kind, std::size_t count, dtype type, reduce_op op,
+                                                    int root) {
     constexpr std::size_t fields = 5;
     std::int64_t mine[fields] = {static_cast<std::int64_t>(kind), static_cast<std::int64_t>(count),
                                  static_cast<std::int64_t>(type), static_cast<std::int64_t>(op), root};

@@ -55,19 +55,16 @@ struct mpi_backend {
     request(const request&) = delete;
     request& operator=(const request&) = delete;
     /// Waits for an unfinished operation: the buffers it uses stay valid while it runs.
-    ~request() { finish_quietly(); }
+    ~request() {
+      if (task_ || !posted_.empty()) finish_quietly();
+    }
 
     /// Blocks until the operation is complete; rethrows its failure.
     void wait() {
-      if (!posted_.empty()) {
-        auto posted = std::move(posted_);
-        posted_.clear();
-        WEFT_CHECK_MPI(MPI_Waitall(static_cast<int>(posted.size()), posted.data(), MPI_STATUSES_IGNORE));
-      }
-      if (!task_) return;
-      task_->done.wait(false, std::memory_order_acquire);
-      consume();
+      if (!task_ && posted_.empty()) return;  // the blocking path's empty request: nothing to do
+      wait_pending();
     }
+
     /// True when the operation is complete (then rethrows its failure, if any).
     bool test() {
       if (!posted_.empty()) {
@@ -83,6 +80,16 @@ struct mpi_backend {
     }
 
    private:
+    [[gnu::noinline]] void wait_pending() {
+      if (!posted_.empty()) {
+        auto posted = std::move(posted_);
+        posted_.clear();
+        WEFT_CHECK_MPI(MPI_Waitall(static_cast<int>(posted.size()), posted.data(), MPI_STATUSES_IGNORE));
+      }
+      if (!task_) return;
+      task_->done.wait(false, std::memory_order_acquire);
+      consume();
+    }
     void consume() {
       auto item = std::move(task_);
       if (item->failure) std::rethrow_exception(item->failure);
@@ -141,11 +148,12 @@ struct mpi_backend {
       MPI_Comm c = handle_;
       int ranks = size_;
       int count = checked_count(n);
-      return run(how, [=] {
-        const void* source = send == recv ? MPI_IN_PLACE : send;
-        WEFT_CHECK_MPI(MPI_Allreduce(source, recv, count, detail::mpi::datatype_of(t), detail::mpi::op_of(t, op), c));
-        if (op == reduce_op::avg) detail::mpi::divide_in_place(recv, n, t, ranks);
-      });
+      // The hot path of every trainer: a blocking call with nothing pending is the raw call.
+      if (how == completion::blocking && (!progress_ || progress_->idle())) [[likely]] {
+        do_all_reduce(send, recv, count, t, op, c, ranks);
+        return {};
+      }
+      return run(how, [=] { do_all_reduce(send, recv, count, t, op, c, ranks); });
     }
 
     request reduce(const void* send, void* recv, std::size_t n, dtype t, reduce_op op, int root, completion how) {
@@ -296,11 +304,21 @@ struct mpi_backend {
       return posted;
     }
 
+    static void do_all_reduce(const void* send, void* recv, int count, dtype t, reduce_op op, MPI_Comm c, int ranks) {
+      const void* source = send == recv ? MPI_IN_PLACE : send;
+      WEFT_CHECK_MPI(MPI_Allreduce(source, recv, count, detail::mpi::datatype_of(t), detail::mpi::op_of(t, op), c));
+      if (op == reduce_op::avg) detail::mpi::divide_in_place(recv, static_cast<std::size_t>(count), t, ranks);
+    }
+
     static int checked_count(std::size_t n) {
-      if (n > static_cast<std::size_t>(INT_MAX))
+      if (n > static_cast<std::size_t>(INT_MAX)) [[unlikely]]
+        count_too_large(n);
+      return static_cast<int>(n);
+    }
+
+    [[noreturn, gnu::cold, gnu::noinline]] static void count_too_large(std::size_t n) {
         fail("a single MPI operation of " + std::to_string(n) + " elements exceeds MPI's int count (" +
              std::to_string(INT_MAX) + "); split the buffer into smaller operations");
-      return static_cast<int>(n);
     }
 
     template <class F>

@@ -1,0 +1,587 @@
+// The cluster health check: run it on the nodes of a job before training on them.
+//
+// It all-reduces 512 MiB of float32 (10 warm-up rounds, then 100 timed rounds, each started from a
+// barrier), checks every element of the result, and reports the average time per round with the
+// algorithm and bus bandwidth in GB/s and Gb/s, then each rank's own timing and host, the slowest
+// marked, so that one slow rank or node stands out. When the ranks span several hosts it also
+// times the same all-reduce inside each host, which tells a slow host apart from a slow network.
+//
+// The reference thresholds are those operators use for 512 MB over 64 H100 GPUs on 400 Gb/s
+// InfiniBand: under 5 ms is healthy, over 10 ms means the network is broken. Above --fail-ms (or
+// with a wrong result) the program says what is likely wrong and exits non-zero:
+//   0  healthy (or only above --expect-ms: a warning)
+//   1  bad command line
+//   2  slower than --fail-ms
+//   3  wrong all-reduce result
+//   4  an error inside MPI or weft (every rank is aborted)
+//
+//   mpirun -n 64 health_check                          # the reference run
+//   mpirun -n 4 health_check --bytes 64M --rounds 20 --expect-ms 200 --fail-ms 1000
+#include <mpi.h>
+
+#include <weft/backend/mpi/backend.hpp>
+#include <weft/comm/communicator.hpp>
+#include <weft/config.hpp>
+
+#if WEFT_HAS_NCCL
+#include <cuda_runtime_api.h>
+
+#include <weft/backend/cuda/check.hpp>
+#include <weft/backend/nccl/backend.hpp>
+#include <weft/launch/nccl_bootstrap.hpp>
+#endif
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <unistd.h>
+
+namespace {
+
+class usage_error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct options {
+  std::size_t bytes = std::size_t{512} << 20;
+  int warmup = 10;
+  int rounds = 100;
+  double expect_ms = 5.0;
+  double fail_ms = 10.0;
+  int host_rounds = 10;
+  std::string backend = "auto";
+  std::string json_path;
+  bool help = false;
+};
+
+constexpr const char* usage_text =
+    "usage: mpirun -n RANKS health_check [options]\n"
+    "  --bytes SIZE       all-reduce size in bytes, float32 (K, M, G suffixes) [512M]\n"
+    "  --warmup N         untimed rounds first [10]\n"
+    "  --rounds N         timed rounds [100]\n"
+    "  --expect-ms T      a healthy cluster averages below T ms per round; above it: a warning [5]\n"
+    "  --fail-ms T        above T ms per round the check fails (exit 2) [10]\n"
+    "  --host-rounds N    rounds of the per-host all-reduce when ranks span several hosts (0: skip) [10]\n"
+    "  --backend NAME     nccl (GPU buffers), mpi (host buffers), or auto: nccl when every rank sees a GPU [auto]\n"
+    "  --json FILE        also write the results as JSON\n"
+    "The default thresholds are for 512 MiB over 64 H100 on 400 Gb/s InfiniBand; set your own for\n"
+    "other sizes and hardware.\n";
+
+std::size_t parse_bytes(const std::string& flag, const std::string& text) {
+  std::size_t used = 0;
+  unsigned long long value = 0;
+  try {
+    if (text.empty() || text[0] == '-') throw std::invalid_argument("negative");
+    value = std::stoull(text, &used);
+  } catch (const std::exception&) {
+    throw usage_error(flag + " expects a byte count such as 512M, 64K or 1G, not '" + text + "'");
+  }
+  const std::string suffix = text.substr(used);
+  unsigned shift = 0;
+  if (suffix == "K" || suffix == "k") shift = 10;
+  else if (suffix == "M" || suffix == "m") shift = 20;
+  else if (suffix == "G" || suffix == "g") shift = 30;
+  else if (!suffix.empty()) throw usage_error(flag + ": unknown size suffix '" + suffix + "' (use K, M or G)");
+  return static_cast<std::size_t>(value) << shift;
+}
+
+int parse_count(const std::string& flag, const std::string& text, int low) {
+  std::size_t used = 0;
+  long value = 0;
+  try {
+    value = std::stol(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size() || value < low || value > (1 << 24))
+    throw usage_error(flag + " expects a whole number of at least " + std::to_string(low) + ", not '" + text + "'");
+  return static_cast<int>(value);
+}
+
+double parse_ms(const std::string& flag, const std::string& text) {
+  std::size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size() || !(value > 0))
+    throw usage_error(flag + " expects a positive time in milliseconds, not '" + text + "'");
+  return value;
+}
+
+options parse(int argc, char** argv) {
+  options o;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    std::string value;
+    bool has_value = false;
+    if (auto eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+      has_value = true;
+    }
+    auto next = [&]() -> std::string {
+      if (has_value) return value;
+      if (i + 1 >= argc) throw usage_error("option '" + arg + "' needs a value");
+      return argv[++i];
+    };
+    if (arg == "--bytes") o.bytes = parse_bytes(arg, next());
+    else if (arg == "--warmup") o.warmup = parse_count(arg, next(), 0);
+    else if (arg == "--rounds") o.rounds = parse_count(arg, next(), 1);
+    else if (arg == "--expect-ms") o.expect_ms = parse_ms(arg, next());
+    else if (arg == "--fail-ms") o.fail_ms = parse_ms(arg, next());
+    else if (arg == "--host-rounds") o.host_rounds = parse_count(arg, next(), 0);
+    else if (arg == "--backend") o.backend = next();
+    else if (arg == "--json") o.json_path = next();
+    else if (arg == "-h" || arg == "--help") o.help = true;
+    else throw usage_error("unknown option '" + arg + "'");
+  }
+  if (o.bytes < sizeof(float)) throw usage_error("--bytes must hold at least one float (4 bytes)");
+  if (o.backend != "auto" && o.backend != "mpi" && o.backend != "nccl")
+    throw usage_error("--backend: unknown backend '" + o.backend + "' (nccl, mpi or auto)");
+#if !WEFT_HAS_NCCL
+  if (o.backend == "nccl") throw usage_error("--backend nccl: this build of weft has no NCCL backend");
+#endif
+  if (o.fail_ms < o.expect_ms)
+    throw usage_error("--fail-ms (" + std::to_string(o.fail_ms) + ") is below --expect-ms (" +
+                      std::to_string(o.expect_ms) + ")");
+  return o;
+}
+
+using clock_type = std::chrono::steady_clock;
+
+double seconds_since(clock_type::time_point start) {
+  return std::chrono::duration<double>(clock_type::now() - start).count();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/// Rank r's input at index i is (r + i) mod 7: exact in float for any realistic rank count, and
+/// the sum at i depends only on i mod 7, so the expected result is a 7-entry table.
+void fill_input(std::span<float> data, int rank) {
+  for (std::size_t i = 0; i < data.size(); ++i)
+    data[i] = static_cast<float>((static_cast<std::size_t>(rank) + i) % 7);
+}
+
+std::size_t count_wrong(std::span<const float> result, int ranks) {
+  float expected[7];
+  for (std::size_t m = 0; m < 7; ++m) {
+    std::size_t sum = 0;
+    for (int r = 0; r < ranks; ++r) sum += (static_cast<std::size_t>(r) + m) % 7;
+    expected[m] = static_cast<float>(sum);
+  }
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < result.size(); ++i) wrong += result[i] == expected[i % 7] ? 0 : 1;
+  return wrong;
+}
+
+/// Where the buffers live and how this rank's side is timed, per backend.
+template <class B>
+struct platform;
+
+/// Host buffers.
+template <>
+struct platform<weft::mpi_backend> {
+  static constexpr const char* name = "mpi";
+  using comm_type = weft::communicator<weft::mpi_backend>;
+  using buffer = std::vector<float>;
+  static comm_type world() { return comm_type(weft::mpi_backend::comm::world(), "world"); }
+  static buffer allocate(std::size_t n) { return buffer(n); }
+  static void fill(buffer& b, int rank) { fill_input(b, rank); }
+  static std::size_t wrong(const buffer& b, int ranks) { return count_wrong(b, ranks); }
+  /// Local memory bandwidth (read + write), GB/s: a node with slow memory or a busy CPU shows here.
+  static double copy_gbps(buffer& from, buffer& to) {
+    const auto start = clock_type::now();
+    std::memcpy(to.data(), from.data(), from.size() * sizeof(float));
+    return 2.0 * static_cast<double>(from.size() * sizeof(float)) / seconds_since(start) / 1e9;
+  }
+  static std::span<float> view(buffer& b) { return b; }
+};
+
+#if WEFT_HAS_NCCL
+/// Device memory of n floats, freed with the object.
+class device_floats {
+ public:
+  explicit device_floats(std::size_t n) : n_(n) {
+    if (n > 0) WEFT_CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&data_), n * sizeof(float)));
+  }
+  device_floats(device_floats&& other) noexcept : data_(std::exchange(other.data_, nullptr)), n_(other.n_) {}
+  device_floats& operator=(device_floats&&) = delete;
+  ~device_floats() {
+    if (data_ != nullptr) cudaFree(data_);
+  }
+  float* data() const noexcept { return data_; }
+  std::size_t size() const noexcept { return n_; }
+
+ private:
+  float* data_ = nullptr;
+  std::size_t n_ = 0;
+};
+
+/// GPU buffers, one GPU per rank.
+template <>
+struct platform<weft::nccl_backend> {
+  static constexpr const char* name = "nccl";
+  using comm_type = weft::communicator<weft::nccl_backend>;
+  using buffer = device_floats;
+  static comm_type world() { return weft::nccl_world(); }
+  static buffer allocate(std::size_t n) { return buffer(n); }
+  static void fill(buffer& b, int rank) {
+    std::vector<float> host(b.size());
+    fill_input(host, rank);
+    WEFT_CHECK_CUDA(cudaMemcpy(b.data(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+  }
+  static std::size_t wrong(const buffer& b, int ranks) {
+    std::vector<float> host(b.size());
+    WEFT_CHECK_CUDA(cudaMemcpy(host.data(), b.data(), host.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    return count_wrong(host, ranks);
+  }
+  /// GPU memory bandwidth (read + write), GB/s: a GPU with throttled clocks shows here.
+  static double copy_gbps(buffer& from, buffer& to) {
+    WEFT_CHECK_CUDA(cudaDeviceSynchronize());
+    const auto start = clock_type::now();
+    WEFT_CHECK_CUDA(cudaMemcpy(to.data(), from.data(), from.size() * sizeof(float), cudaMemcpyDeviceToDevice));
+    WEFT_CHECK_CUDA(cudaDeviceSynchronize());
+    return 2.0 * static_cast<double>(from.size() * sizeof(float)) / seconds_since(start) / 1e9;
+  }
+  static std::span<float> view(buffer& b) { return std::span<float>(b.data(), b.size()); }
+};
+#endif
+
+/// What one rank measured, gathered on rank 0.
+struct rank_report {
+  double mean_ms = 0;
+  double min_ms = 0;
+  double max_ms = 0;
+  double copy_gbps = 0;  // local memory copy bandwidth, GB/s
+  double wrong = 0;      // wrong elements seen by this rank
+  double host_index = 0;
+  double host_busbw = 0;  // this host's own all-reduce bus bandwidth, GB/s (0: not measured)
+};
+constexpr int report_fields = 7;
+
+double bus_factor(int ranks) { return ranks > 1 ? 2.0 * (ranks - 1) / ranks : 1.0; }
+
+std::string format(const char* pattern, double value) {
+  char text[64];
+  std::snprintf(text, sizeof(text), pattern, value);
+  return text;
+}
+
+template <class B>
+int run(const options& o) {
+  using support = platform<B>;
+  auto world = support::world();
+  const int rank = world.rank();
+  const int ranks = world.size();
+
+  // Hosts, numbered in order of first appearance.
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  std::vector<char> all_hosts(sizeof(host) * static_cast<std::size_t>(ranks));
+  MPI_Allgather(host, sizeof(host), MPI_CHAR, all_hosts.data(), sizeof(host), MPI_CHAR, MPI_COMM_WORLD);
+  std::vector<std::string> host_of(static_cast<std::size_t>(ranks));
+  std::map<std::string, int> host_index;
+  std::vector<std::string> hosts;
+  for (int r = 0; r < ranks; ++r) {
+    host_of[static_cast<std::size_t>(r)] = &all_hosts[static_cast<std::size_t>(r) * sizeof(host)];
+    if (host_index.emplace(host_of[static_cast<std::size_t>(r)], static_cast<int>(hosts.size())).second)
+      hosts.push_back(host_of[static_cast<std::size_t>(r)]);
+  }
+  const int my_host = host_index[host_of[static_cast<std::size_t>(rank)]];
+
+  const std::size_t count = o.bytes / sizeof(float);
+  const double bytes = static_cast<double>(count * sizeof(float));
+  auto send_buffer = support::allocate(count);
+  auto recv_buffer = support::allocate(count);
+  support::fill(send_buffer, rank);
+  const double copy_gbps = support::copy_gbps(send_buffer, recv_buffer);
+  std::span<const float> send = support::view(send_buffer);
+  std::span<float> recv = support::view(recv_buffer);
+
+  std::size_t wrong = 0;
+  for (int i = 0; i < o.warmup; ++i) world.all_reduce(send, recv);
+  if (o.warmup > 0) wrong += support::wrong(recv_buffer, ranks);
+
+  std::vector<double> round_s(static_cast<std::size_t>(o.rounds));
+  for (int i = 0; i < o.rounds; ++i) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const auto start = clock_type::now();
+    world.all_reduce(send, recv);
+    round_s[static_cast<std::size_t>(i)] = seconds_since(start);
+  }
+  wrong += support::wrong(recv_buffer, ranks);
+
+  // A round lasts as long as its slowest rank.
+  std::vector<double> slowest(round_s);
+  MPI_Allreduce(MPI_IN_PLACE, slowest.data(), o.rounds, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+
+  // The same all-reduce inside each host: tells a slow host apart from a slow network.
+  double host_busbw = 0;
+  if (hosts.size() > 1 && o.host_rounds > 0) {
+    auto local = world.split(my_host, rank, "host");
+    if (local->size() > 1) {
+      for (int i = 0; i < 2; ++i) local->all_reduce(send, recv);
+      double total = 0;
+      for (int i = 0; i < o.host_rounds; ++i) {
+        local->barrier();
+        const auto start = clock_type::now();
+        local->all_reduce(send, recv);
+        total += seconds_since(start);
+      }
+      // This rank's view; rank 0 takes the slowest rank of each host.
+      host_busbw = bytes / (total / o.host_rounds) / 1e9 * bus_factor(local->size());
+    }
+  }
+
+  rank_report mine;
+  mine.mean_ms = 1e3 * [&] {
+    double sum = 0;
+    for (double s : round_s) sum += s;
+    return sum / static_cast<double>(round_s.size());
+  }();
+  mine.min_ms = 1e3 * *std::min_element(round_s.begin(), round_s.end());
+  mine.max_ms = 1e3 * *std::max_element(round_s.begin(), round_s.end());
+  mine.copy_gbps = copy_gbps;
+  mine.wrong = static_cast<double>(wrong);
+  mine.host_index = my_host;
+  mine.host_busbw = host_busbw;
+  double fields[report_fields] = {mine.mean_ms, mine.min_ms,     mine.max_ms,   mine.copy_gbps,
+                                  mine.wrong,   mine.host_index, mine.host_busbw};
+  std::vector<double> gathered(static_cast<std::size_t>(report_fields * ranks));
+  MPI_Gather(fields, report_fields, MPI_DOUBLE, gathered.data(), report_fields, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+
+  int status = 0;
+  if (rank == 0) {
+    std::vector<rank_report> reports(static_cast<std::size_t>(ranks));
+    for (int r = 0; r < ranks; ++r) {
+      const double* f = &gathered[static_cast<std::size_t>(r * report_fields)];
+      reports[static_cast<std::size_t>(r)] = {f[0], f[1], f[2], f[3], f[4], f[5], f[6]};
+    }
+    double avg_s = 0;
+    for (double s : slowest) avg_s += s;
+    avg_s /= o.rounds;
+    const double avg_ms = avg_s * 1e3;
+    const double min_ms = 1e3 * *std::min_element(slowest.begin(), slowest.end());
+    const double max_ms = 1e3 * *std::max_element(slowest.begin(), slowest.end());
+    const double algbw = bytes / avg_s / 1e9;
+    const double busbw = algbw * bus_factor(ranks);
+    double total_wrong = 0;
+    std::string wrong_ranks;
+    int slowest_rank = 0;
+    std::vector<double> means, copies, max_rounds;
+    for (int r = 0; r < ranks; ++r) {
+      const rank_report& rep = reports[static_cast<std::size_t>(r)];
+      total_wrong += rep.wrong;
+      if (rep.wrong > 0) wrong_ranks += (wrong_ranks.empty() ? "" : ", ") + std::to_string(r);
+      if (rep.mean_ms > reports[static_cast<std::size_t>(slowest_rank)].mean_ms) slowest_rank = r;
+      means.push_back(rep.mean_ms);
+      copies.push_back(rep.copy_gbps);
+      max_rounds.push_back(rep.max_ms);
+    }
+    const double median_copy = median(copies);
+    const double median_max_round = median(max_rounds);
+
+    std::printf("weft health check: all-reduce of %zu bytes (%zu float32) over %d ranks on %zu host%s, %s backend\n",
+                count * sizeof(float), count, ranks, hosts.size(), hosts.size() == 1 ? "" : "s", support::name);
+    std::printf("  %d warm-up rounds, %d timed rounds, each from a barrier; a round lasts as long as its slowest rank\n\n",
+                o.warmup, o.rounds);
+    std::printf("  average time   %10.3f ms   (fastest round %.3f ms, slowest %.3f ms)\n", avg_ms, min_ms, max_ms);
+    std::printf("  algbw          %10.3f GB/s = %10.3f Gb/s\n", algbw, algbw * 8);
+    std::printf("  busbw          %10.3f GB/s = %10.3f Gb/s   (algbw x 2(n-1)/n)\n\n", busbw, busbw * 8);
+
+    std::printf("  per rank: its own time in the all-reduce (mean, min, max over rounds), local memory copy bandwidth\n");
+    std::printf("  %6s  %-24s %10s %10s %10s %12s%s\n", "rank", "host", "mean ms", "min ms", "max ms", "copy GB/s",
+                hosts.size() > 1 ? "   host busbw GB/s" : "");
+    for (int r = 0; r < ranks; ++r) {
+      const rank_report& rep = reports[static_cast<std::size_t>(r)];
+      std::string notes;
+      if (r == slowest_rank && ranks > 1) notes += "  <- slowest";
+      if (rep.copy_gbps < 0.5 * median_copy) notes += "  <- slow local memory";
+      if (rep.max_ms > 3.0 * median_max_round && rep.max_ms > 1.5 * rep.mean_ms) notes += "  <- jitter";
+      if (rep.wrong > 0) notes += "  <- WRONG RESULTS";
+      std::string host_bw = hosts.size() > 1 ? format("   %15.3f", rep.host_busbw) : "";
+      std::printf("  %6d  %-24s %10.3f %10.3f %10.3f %12.2f%s%s\n", r, host_of[static_cast<std::size_t>(r)].c_str(),
+                  rep.mean_ms, rep.min_ms, rep.max_ms, rep.copy_gbps, host_bw.c_str(), notes.c_str());
+    }
+    std::printf("\n");
+
+    // ---- verdict and likely causes ----
+    std::vector<std::string> causes;
+    if (total_wrong > 0) {
+      status = 3;
+      causes.push_back("the all-reduce returned wrong values (" + format("%.0f", total_wrong) +
+                       " wrong elements, on ranks " + wrong_ranks +
+                       "): suspect faulty memory or GPU on those ranks, or a transport that corrupts data; do not "
+                       "train on these nodes");
+    }
+    const bool too_slow = avg_ms > o.fail_ms;
+    const bool slow = avg_ms > o.expect_ms;
+    if (too_slow && status == 0) status = 2;
+    if (slow) {
+      // Which ranks or hosts stand out?
+      const rank_report& worst = reports[static_cast<std::size_t>(slowest_rank)];
+      const double median_mean = median(means);
+      bool singled_out = false;
+      if (ranks > 1 && worst.mean_ms > 1.25 * median_mean) {
+        causes.push_back("rank " + std::to_string(slowest_rank) + " on " + host_of[static_cast<std::size_t>(slowest_rank)] +
+                         " spends " + format("%.2f", worst.mean_ms / median_mean) +
+                         "x the median time in the all-reduce: check that rank's node (other processes, CPU or GPU "
+                         "clocks, its network link)");
+        singled_out = true;
+      }
+      for (int r = 0; r < ranks; ++r) {
+        if (reports[static_cast<std::size_t>(r)].copy_gbps < 0.5 * median_copy) {
+          causes.push_back("rank " + std::to_string(r) + " on " + host_of[static_cast<std::size_t>(r)] +
+                           " copies memory at " + format("%.1f", reports[static_cast<std::size_t>(r)].copy_gbps) +
+                           " GB/s against a median of " + format("%.1f", median_copy) +
+                           " GB/s: that node is slow or overloaded");
+          singled_out = true;
+        }
+      }
+      if (hosts.size() > 1 && o.host_rounds > 0) {
+        // A host's own bandwidth is what its slowest rank saw.
+        std::vector<double> per_host(hosts.size(), 0.0);
+        for (const rank_report& rep : reports) {
+          double& h = per_host[static_cast<std::size_t>(rep.host_index)];
+          if (rep.host_busbw > 0) h = h > 0 ? std::min(h, rep.host_busbw) : rep.host_busbw;
+        }
+        std::vector<double> host_bw;
+        for (double bw : per_host)
+          if (bw > 0) host_bw.push_back(bw);
+        const double median_host = median(host_bw);
+        for (std::size_t h = 0; h < hosts.size(); ++h) {
+          if (per_host[h] > 0 && per_host[h] < 0.5 * median_host) {
+            causes.push_back("host " + hosts[h] + " is slow even on its own (all-reduce inside the host: " +
+                             format("%.2f", per_host[h]) + " GB/s busbw, median host " + format("%.2f", median_host) +
+                             " GB/s): check its GPUs and their links (nvidia-smi topo -m, NVLink errors, PCIe width)");
+            singled_out = true;
+          }
+        }
+        if (!singled_out && !host_bw.empty() && median_host > 2.0 * busbw)
+          causes.push_back("every host is fast on its own (" + format("%.2f", median_host) +
+                           " GB/s busbw inside a host against " + format("%.2f", busbw) +
+                           " GB/s across hosts): the inter-node network is the problem");
+      }
+      if (!singled_out) {
+        if (hosts.size() == 1) {
+          causes.push_back("all ranks are on one host, so no network is involved: the time is that of the host's "
+                           "own links (shared memory, PCIe, NVLink); check for other jobs on the host, CPU binding "
+                           "and GPU topology, or whether the thresholds suit this size and hardware");
+        } else {
+          causes.push_back(
+              "all ranks are uniformly slow, which points at the network configuration rather than one node: "
+              "check that the traffic uses InfiniBand/RoCE and not TCP over a slow Ethernet interface (with NCCL, "
+              "NCCL_DEBUG=INFO shows NET/IB or NET/Socket; NCCL_SOCKET_IFNAME must name the fast interface, "
+              "NCCL_IB_HCA the right adapters, NCCL_IB_DISABLE must not be set, GPUDirect RDMA (nvidia-peermem) "
+              "should be loaded; with MPI, check UCX_NET_DEVICES or OMPI_MCA_btl_tcp_if_include), link speeds "
+              "(ibstat: 400 Gb/s Active), and that the job is not spread across distant switches");
+        }
+      }
+    }
+
+    const char* verdict = status == 3 ? "FAILED: wrong results"
+                          : too_slow  ? "FAILED: too slow"
+                          : slow      ? "WARNING: slower than expected"
+                                      : "OK";
+    std::printf("  result: %s (%.0f wrong elements)\n", total_wrong == 0 ? "correct on every rank" : "WRONG",
+                total_wrong);
+    std::printf("  verdict: %s (average %.3f ms; expected under %.3f ms, failure above %.3f ms)\n", verdict, avg_ms,
+                o.expect_ms, o.fail_ms);
+    if (!causes.empty()) {
+      std::printf("  likely cause%s:\n", causes.size() > 1 ? "s" : "");
+      for (const std::string& c : causes) std::printf("   - %s\n", c.c_str());
+      if (slow)
+        std::printf("  (the default thresholds, 5 and 10 ms, are for 512 MiB over 64 H100 on 400 Gb/s InfiniBand; "
+                    "pass --expect-ms and --fail-ms for other sizes and hardware)\n");
+    }
+    std::fflush(stdout);
+
+    if (!o.json_path.empty()) {
+      std::ofstream out(o.json_path);
+      out << "{\"bytes\": " << count * sizeof(float) << ", \"ranks\": " << ranks << ", \"hosts\": " << hosts.size()
+          << ", \"backend\": \"" << support::name << "\", \"warmup\": " << o.warmup << ", \"rounds\": " << o.rounds
+          << ", \"avg_ms\": " << avg_ms << ", \"min_ms\": " << min_ms << ", \"max_ms\": " << max_ms
+          << ", \"algbw_GBps\": " << algbw << ", \"busbw_GBps\": " << busbw << ", \"algbw_Gbps\": " << algbw * 8
+          << ", \"busbw_Gbps\": " << busbw * 8 << ", \"expect_ms\": " << o.expect_ms << ", \"fail_ms\": " << o.fail_ms
+          << ", \"wrong\": " << static_cast<long long>(total_wrong) << ", \"status\": \""
+          << (status == 3 ? "wrong" : too_slow ? "failed" : slow ? "slow" : "ok") << "\", \"per_rank\": [";
+      for (int r = 0; r < ranks; ++r) {
+        const rank_report& rep = reports[static_cast<std::size_t>(r)];
+        std::string name = host_of[static_cast<std::size_t>(r)];
+        std::string escaped;
+        for (char c : name) {
+          if (c == '"' || c == '\\') escaped += '\\';
+          escaped += c;
+        }
+        out << (r == 0 ? "" : ", ") << "{\"rank\": " << r << ", \"host\": \"" << escaped
+            << "\", \"mean_ms\": " << rep.mean_ms << ", \"min_ms\": " << rep.min_ms << ", \"max_ms\": " << rep.max_ms
+            << ", \"copy_GBps\": " << rep.copy_gbps << ", \"host_busbw_GBps\": " << rep.host_busbw
+            << ", \"wrong\": " << static_cast<long long>(rep.wrong) << ", \"slowest\": "
+            << (r == slowest_rank ? "true" : "false") << "}";
+      }
+      out << "]}\n";
+      if (!out) throw std::runtime_error("cannot write '" + o.json_path + "'");
+    }
+  }
+  MPI_Bcast(&status, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  return status;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  int status = 0;
+  try {
+    const options o = parse(argc, argv);
+    if (o.help) {
+      if (rank == 0) std::printf("%s", usage_text);
+    } else {
+      std::string backend = o.backend;
+      if (backend == "auto") {
+        int gpu = 0;  // nccl only when every rank sees a GPU
+#if WEFT_HAS_NCCL
+        int devices = 0;
+        gpu = cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0 ? 1 : 0;
+#endif
+        MPI_Allreduce(MPI_IN_PLACE, &gpu, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+        backend = gpu != 0 ? "nccl" : "mpi";
+      }
+#if WEFT_HAS_NCCL
+      if (backend == "nccl") status = run<weft::nccl_backend>(o);
+      else status = run<weft::mpi_backend>(o);
+#else
+      status = run<weft::mpi_backend>(o);
+#endif
+    }
+  } catch (const usage_error& e) {
+    if (rank == 0) std::fprintf(stderr, "health_check: %s\n%s", e.what(), usage_text);
+    status = 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "health_check: rank %d: %s\n", rank, e.what());
+    MPI_Abort(MPI_COMM_WORLD, 4);
+  }
+  MPI_Finalize();
+  return status;
+}

@@ -1,0 +1,180 @@
+#!/usr/bin/python3
+"""Runs one benchmark or the health check and checks what it printed and wrote.
+
+    run_and_check.py KIND [--json FILE] [--expect-rc 0|nonzero|N] [--expect-text TEXT]... -- COMMAND...
+
+KIND says how to read the results:
+  perf      an nccl-tests-style table (allreduce_perf and siblings): every row has sizes and, per
+            placement, time, algbw, busbw and #wrong; every checked #wrong must be 0; the JSON is a
+            list of records that agrees with the table.
+  overhead  allreduce_overhead: the JSON is a list of {"ranks", "bytes", "weft_s", "raw_s", "ratio"}.
+  micro     Google Benchmark JSON (--benchmark_out) holding weft's micro-benchmarks.
+  health    the health check: its JSON object, and the exit status it should give.
+Standard library only.
+"""
+import json
+import math
+import re
+import subprocess
+import sys
+
+
+def fail(message, output=""):
+    if output:
+        sys.stderr.write(output[-6000:] + "\n")
+    sys.stderr.write("run_and_check: FAILED: " + message + "\n")
+    sys.exit(1)
+
+
+def finite_positive(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def load_json(path, output):
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError) as error:
+        fail("the JSON file %s is missing or malformed: %s" % (path, error), output)
+
+
+ROW = re.compile(r"^\s+(\d+)\s+(\d+)\s+(\S+)\s+(\S+)\s+(-?\d+)\s+(.*)$")
+
+
+def check_perf(output, json_path):
+    rows = []
+    for line in output.splitlines():
+        if line.startswith("#"):
+            continue
+        match = ROW.match(line)
+        if not match:
+            continue
+        fields = match.group(6).split()
+        if len(fields) != 8:
+            fail("row with %d result columns instead of 8: %r" % (len(fields), line), output)
+        size, count = int(match.group(1)), int(match.group(2))
+        for start in (0, 4):
+            time, algbw, busbw, wrong = fields[start:start + 4]
+            if time == "N/A":
+                if start == 0:
+                    fail("the out-of-place column was not measured: %r" % line, output)
+                continue
+            if float(time) <= 0 or float(algbw) < 0 or float(busbw) < 0:
+                fail("impossible time or bandwidth: %r" % line, output)
+            if wrong != "0":
+                fail("#wrong is %s (must be 0, and -c 1 must check): %r" % (wrong, line), output)
+        rows.append((size, count))
+    if not rows:
+        fail("no result rows in the output", output)
+    if "wrong elements in total: 0 (OK)" not in output:
+        fail("the summary does not report 0 wrong elements", output)
+    records = load_json(json_path, output)
+    if not isinstance(records, list) or not records:
+        fail("the JSON is not a non-empty list of records", output)
+    required = {"collective", "backend", "ranks", "bytes", "count", "type", "redop", "root", "in_place",
+                "time_us", "algbw_gbps", "busbw_gbps", "wrong"}
+    for record in records:
+        if not isinstance(record, dict) or not required <= record.keys():
+            fail("a JSON record lacks fields %s: %r" % (sorted(required - set(record)), record), output)
+        if record["wrong"] != 0:
+            fail("a JSON record has wrong = %r" % record["wrong"], output)
+        if not finite_positive(record["time_us"]):
+            fail("a JSON record has a bad time: %r" % record, output)
+    out_of_place = [(r["bytes"], r["count"]) for r in records if not r["in_place"]]
+    if out_of_place != rows:
+        fail("the JSON records %s do not match the table rows %s" % (out_of_place, rows), output)
+
+
+def check_overhead(output, json_path, ranks):
+    records = load_json(json_path, output)
+    if not isinstance(records, list) or not records:
+        fail("the JSON is not a non-empty list", output)
+    for record in records:
+        for key in ("ranks", "bytes", "weft_s", "raw_s", "ratio"):
+            if key not in record:
+                fail("a record lacks %r: %r" % (key, record), output)
+        if record["ranks"] != ranks:
+            fail("a record says %r ranks, expected %d" % (record["ranks"], ranks), output)
+        for key in ("weft_s", "raw_s", "ratio"):
+            if not finite_positive(record[key]):
+                fail("%s is not a positive number: %r" % (key, record), output)
+        if record.get("correct") is not True:
+            fail("weft or raw MPI computed a wrong sum: %r" % record, output)
+    sizes = [r["bytes"] for r in records]
+    if sizes != sorted(sizes) or len(set(sizes)) != len(sizes):
+        fail("sizes are not increasing: %s" % sizes, output)
+
+
+def check_micro(output, json_path):
+    report = load_json(json_path, output)
+    names = [b.get("name", "") for b in report.get("benchmarks", [])]
+    for wanted in ("float_to_16bit", "raw_allreduce", "weft_allreduce/", "weft_allreduce_async_wait"):
+        if not any(wanted in name for name in names):
+            fail("no benchmark named like %r in %s" % (wanted, names), output)
+    for bench in report["benchmarks"]:
+        if not finite_positive(bench.get("real_time")):
+            fail("benchmark %r has no time" % bench.get("name"), output)
+
+
+def check_health(output, json_path, ranks):
+    report = load_json(json_path, output)
+    for key in ("avg_ms", "algbw_GBps", "busbw_GBps", "algbw_Gbps", "busbw_Gbps", "wrong", "status", "per_rank"):
+        if key not in report:
+            fail("the health-check JSON lacks %r" % key, output)
+    if report["wrong"] != 0:
+        fail("the health check saw %r wrong elements" % report["wrong"], output)
+    if len(report["per_rank"]) != ranks or sum(1 for r in report["per_rank"] if r["slowest"]) != 1:
+        fail("per_rank must list %d ranks with exactly one slowest" % ranks, output)
+    if abs(report["algbw_Gbps"] - 8 * report["algbw_GBps"]) > 1e-6 * max(1.0, report["algbw_Gbps"]):
+        fail("Gb/s is not 8 x GB/s", output)
+    if "slowest" not in output:
+        fail("the slowest rank is not marked in the output", output)
+
+
+def main(argv):
+    if "--" not in argv:
+        fail("usage: run_and_check.py KIND [options] -- COMMAND...")
+    split = argv.index("--")
+    options, command = argv[1:split], argv[split + 1:]
+    kind = options[0]
+    json_path, expect_rc, texts, ranks = None, "0", [], 2
+    i = 1
+    while i < len(options):
+        if options[i] == "--json":
+            json_path = options[i + 1]
+        elif options[i] == "--expect-rc":
+            expect_rc = options[i + 1]
+        elif options[i] == "--expect-text":
+            texts.append(options[i + 1])
+        elif options[i] == "--ranks":
+            ranks = int(options[i + 1])
+        else:
+            fail("unknown option %r" % options[i])
+        i += 2
+    completed = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
+    output = completed.stdout
+    sys.stdout.write(output)
+    if expect_rc == "nonzero":
+        if completed.returncode == 0:
+            fail("the command succeeded but should have failed", output)
+    elif completed.returncode != int(expect_rc):
+        fail("exit status %d, expected %s" % (completed.returncode, expect_rc), output)
+    for text in texts:
+        if text not in output:
+            fail("the output lacks %r" % text, output)
+    if kind == "perf":
+        check_perf(output, json_path)
+    elif kind == "overhead":
+        check_overhead(output, json_path, ranks)
+    elif kind == "micro":
+        check_micro(output, json_path)
+    elif kind == "health":
+        if json_path:
+            check_health(output, json_path, ranks)
+    elif kind != "plain":
+        fail("unknown kind %r" % kind)
+    print("run_and_check: OK")
+
+
+if __name__ == "__main__":
+    main(sys.argv)
