@@ -1,0 +1,251 @@
+// Reducing GPT-2 small's 148 gradients (124,439,808 floats, 497.8 MB) over the ranks, side by side
+// in one run: weft's bucketed synchronizer against raw MPI (one flat MPI_Allreduce; one per
+// tensor) and PyTorch DDP (ddp_reference.py, when given: run.sh passes it if /usr/bin/python3 has
+// torch). The run is split into rounds; in each, rank 0 first runs DDP's ranks for a few
+// iterations while the MPI ranks wait without spinning, then the weft and MPI variants take
+// turns within every iteration. So load from other processes falls on every variant alike. The
+// time of an iteration is the slowest rank's; the table shows medians over all rounds.
+//
+//   mpirun -n 2 weft_bench_grad_sync [--iterations 12] [--rounds 3] [--warmup 1] [--json FILE]
+//          [--ddp-script bench/grad_sync/ddp_reference.py] [--python /usr/bin/python3]
+//          [--bucket-mib 25] [--first-bucket-mib 1] [--pad 128] [--sweep]
+#include <mpi.h>
+
+#include <weft/backend/mpi/backend.hpp>
+#include <weft/comm/communicator.hpp>
+#include <weft/grad/synchronizer.hpp>
+
+#include "bench_args.hpp"
+#include "gpt2_shapes.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <thread>
+#include <unistd.h>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+using namespace weft_bench;
+using comm_t = weft::communicator<weft::mpi_backend>;
+using sync_t = weft::grad::synchronizer<weft::mpi_backend, float>;
+
+namespace {
+
+struct variant {
+  std::string name;
+  std::function<void()> prepare;  // untimed: fresh gradient values
+  std::function<void()> run;      // timed
+  std::vector<double> times;
+};
+
+std::unique_ptr<sync_t> make_sync(comm_t& dp, const std::vector<named_shape>& shapes, weft::grad::sync_options o) {
+  o.warn_if_not_overlapped = false;  // gradients are all ready at once here: nothing to hide behind
+  auto sync = std::make_unique<sync_t>(dp, o);
+  for (const auto& s : shapes) sync->add_param(s.name, s.count());
+  sync->freeze();
+  return sync;
+}
+
+void fill(std::span<float> data, float value) { std::fill(data.begin(), data.end(), value); }
+
+// One backward as a trainer with per-parameter hooks does it, with no compute between the marks:
+// the last parameter first, then finish().
+void weft_backward(sync_t& sync) {
+  for (std::size_t p = sync.plan().params().size(); p-- > 0;) sync.mark_ready(p);
+  sync.finish();
+}
+
+// Rank 0 runs DDP's own ranks (`iterations` timed backward passes); the others wait in a barrier
+// that sleeps instead of spinning, so the DDP processes have the cores.
+bool run_ddp(MPI_Comm raw, int rank, const std::string& python, const std::string& script, int ranks, int iterations,
+             std::vector<double>& with_sync, std::vector<double>& backward_only) {
+  int ok = 1;
+  if (rank == 0) {
+    char path[] = "/tmp/weft_ddp_XXXXXX";
+    int fd = mkstemp(path);
+    if (fd >= 0) close(fd);
+    // A clean environment: DDP's processes inherit nothing from this MPI rank (a run that did
+    // inherit it once left a DDP rank spinning); and a time limit, so the benchmark cannot hang.
+    const char* search_path = std::getenv("PATH");
+    std::string command = "env -i PATH='" + std::string(search_path ? search_path : "/usr/bin:/bin") +
+                          "' GLOO_SOCKET_IFNAME=lo timeout -k 10 900 " + python + " " + script + " --ranks " +
+                          std::to_string(ranks) + " --iterations " + std::to_string(iterations) +
+                          " --warmup 1 --json " + path + " > /dev/null";
+    if (fd < 0 || std::system(command.c_str()) != 0) {
+      std::fprintf(stderr, "grad_sync: DDP reference failed: %s\n", command.c_str());
+      ok = 0;
+    } else {
+      std::string text = read_text(path);
+      for (double t : json_numbers(text, "ddp_times")) with_sync.push_back(t);
+      for (double t : json_numbers(text, "ddp_backward_only_times")) backward_only.push_back(t);
+    }
+    std::remove(path);
+  }
+  MPI_Request request = MPI_REQUEST_NULL;
+  MPI_Ibarrier(raw, &request);
+  for (int done = 0; !done;) {
+    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  MPI_Bcast(&ok, 1, MPI_INT, 0, raw);
+  return ok != 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  int exit_code = 0;
+  {
+    comm_t dp(weft::mpi_backend::comm::world(), "dp");
+    MPI_Comm raw = MPI_COMM_NULL;
+    MPI_Comm_dup(MPI_COMM_WORLD, &raw);
+    const int rank = dp.rank(), ranks = dp.size();
+    const int iterations = std::stoi(option(argc, argv, "--iterations", "12"));
+    const int rounds = std::max(1, std::stoi(option(argc, argv, "--rounds", "3")));
+    const int warmup = std::stoi(option(argc, argv, "--warmup", "1"));
+    const std::string ddp_script = option(argc, argv, "--ddp-script");
+    const std::string python = option(argc, argv, "--python", "/usr/bin/python3");
+    const double bucket_mib = std::stod(option(argc, argv, "--bucket-mib", "25"));
+    const double first_mib = std::stod(option(argc, argv, "--first-bucket-mib", "1"));
+    const std::size_t pad = std::stoul(option(argc, argv, "--pad", "128"));
+    const std::string json_path = option(argc, argv, "--json");
+    const bool sweep = flag(argc, argv, "--sweep");
+
+    const auto shapes = gpt2_small_shapes();
+    std::size_t total = 0;
+    for (const auto& s : shapes) total += s.count();
+
+    auto mib = [](double m) { return static_cast<std::size_t>(m * (1 << 20)); };
+    weft::grad::sync_options defaults{.bucket_bytes = mib(bucket_mib), .first_bucket_bytes = mib(first_mib),
+                                      .pad_elements = pad};
+    auto summing = defaults;
+    summing.scale = weft::grad::scaling::sum;
+    auto weft_sum = make_sync(dp, shapes, summing);      // the same arithmetic as raw MPI
+    auto weft_mean = make_sync(dp, shapes, defaults);    // the default: averaged gradients
+
+    std::vector<float> flat(total);
+    std::vector<std::size_t> offsets;  // raw per-tensor: the same tensors, packed
+    for (std::size_t at = 0; const auto& s : shapes) {
+      offsets.push_back(at);
+      at += s.count();
+    }
+
+    std::vector<variant> variants;
+    variants.push_back({"mpi_flat", [&] { fill(flat, 1.0f); },
+                        [&] { MPI_Allreduce(MPI_IN_PLACE, flat.data(), static_cast<int>(total), MPI_FLOAT, MPI_SUM, raw); },
+                        {}});
+    variants.push_back({"mpi_per_tensor", [&] { fill(flat, 1.0f); },
+                        [&] {
+                          for (std::size_t p = shapes.size(); p-- > 0;)
+                            MPI_Allreduce(MPI_IN_PLACE, flat.data() + offsets[p], static_cast<int>(shapes[p].count()),
+                                          MPI_FLOAT, MPI_SUM, raw);
+                        },
+                        {}});
+    variants.push_back({"weft", [&] { fill(weft_sum->grads().all(), 1.0f); }, [&] { weft_backward(*weft_sum); }, {}});
+    variants.push_back(
+        {"weft_mean", [&] { fill(weft_mean->grads().all(), 1.0f); }, [&] { weft_backward(*weft_mean); }, {}});
+
+    // Extra weft configurations, to choose the defaults from measurements.
+    std::vector<std::unique_ptr<sync_t>> swept;
+    if (sweep) {
+      for (double cap : {1.0, 4.0, 8.0, 16.0, 50.0, 100.0}) {
+        auto o = summing;
+        o.bucket_bytes = mib(cap);
+        swept.push_back(make_sync(dp, shapes, o));
+        sync_t* s = swept.back().get();
+        char name[64];
+        std::snprintf(name, sizeof(name), "weft_cap%gMiB", cap);
+        variants.push_back({name, [s] { fill(s->grads().all(), 1.0f); }, [s] { weft_backward(*s); }, {}});
+      }
+      for (std::size_t p : {std::size_t{1}, std::size_t{1024}}) {
+        auto o = summing;
+        o.pad_elements = p;
+        swept.push_back(make_sync(dp, shapes, o));
+        sync_t* s = swept.back().get();
+        variants.push_back({"weft_pad" + std::to_string(p), [s] { fill(s->grads().all(), 1.0f); },
+                            [s] { weft_backward(*s); }, {}});
+      }
+    }
+
+    std::vector<double> ddp_times, ddp_backward_only_times;
+    bool ddp_ok = !ddp_script.empty();
+    const int per_round = std::max(1, iterations / rounds);
+    for (int round = 0; round < rounds; ++round) {
+      if (ddp_ok) ddp_ok = run_ddp(raw, rank, python, ddp_script, ranks, per_round, ddp_times, ddp_backward_only_times);
+      for (int it = 0; it < (round == 0 ? warmup : 0) + per_round; ++it) {
+        for (std::size_t k = 0; k < variants.size(); ++k) {
+          variant& v = variants[(k + static_cast<std::size_t>(it)) % variants.size()];  // rotate who goes first
+          v.prepare();
+          MPI_Barrier(raw);
+          double t = now_s();
+          v.run();
+          t = max_over_ranks(now_s() - t, raw);
+          if (round > 0 || it >= warmup) v.times.push_back(t);
+        }
+      }
+    }
+    // Check the answers: every variant summed ones over the ranks.
+    bool correct = flat[0] == static_cast<float>(ranks) && flat[total - 1] == static_cast<float>(ranks) &&
+                   weft_sum->grad(0)[0] == static_cast<float>(ranks) && weft_mean->grad(147)[767] == 1.0f;
+
+    double ddp_s = -1, ddp_backward_only_s = -1;
+    if (ddp_ok && !ddp_times.empty()) {
+      ddp_s = median(ddp_times);
+      ddp_backward_only_s = median(ddp_backward_only_times);
+    }
+
+    if (rank == 0) {
+      const double bytes = static_cast<double>(total) * sizeof(float);
+      const double bus_factor = 2.0 * (ranks - 1) / ranks;
+      double best_raw = std::min(median(variants[0].times), median(variants[1].times));
+      std::printf("# GPT-2 small gradients: %zu parameters, %zu floats (%.1f MB), %d ranks, %zu iterations in %d "
+                  "rounds (medians; each the slowest rank's time)\n",
+                  shapes.size(), total, bytes / 1e6, ranks, variants[0].times.size(), rounds);
+      std::printf("# weft plan: %zu buckets, cap %.3g MiB, first %.3g MiB, pad %zu\n",
+                  weft_sum->plan().buckets().size(), bucket_mib, first_mib, pad);
+      std::printf("%-18s %10s %10s %10s %12s %12s %12s\n", "variant", "median_ms", "min_ms", "max_ms", "algbw_GB/s",
+                  "busbw_GB/s", "vs_best_mpi");
+      for (const variant& v : variants) {
+        double m = median(v.times);
+        std::printf("%-18s %10.1f %10.1f %10.1f %12.2f %12.2f %12.2f\n", v.name.c_str(), m * 1e3,
+                    *std::min_element(v.times.begin(), v.times.end()) * 1e3,
+                    *std::max_element(v.times.begin(), v.times.end()) * 1e3, bytes / m / 1e9,
+                    bytes / m / 1e9 * bus_factor, m / best_raw);
+      }
+      if (ddp_s > 0) {
+        std::printf("%-18s %10.1f %10.1f %10.1f %12.2f %12.2f %12.2f   (backward without sync: %.1f ms)\n", "torch_ddp",
+                    ddp_s * 1e3, *std::min_element(ddp_times.begin(), ddp_times.end()) * 1e3,
+                    *std::max_element(ddp_times.begin(), ddp_times.end()) * 1e3, bytes / ddp_s / 1e9, bytes / ddp_s / 1e9 * bus_factor, ddp_s / best_raw,
+                    ddp_backward_only_s * 1e3);
+      } else {
+        std::printf("%-18s (not run: no --ddp-script, or its python lacks torch; run.sh passes it)\n", "torch_ddp");
+      }
+      double weft_s = median(variants[2].times);
+      std::printf("# weft / best raw MPI = %.3f (target <= 1.10)", weft_s / best_raw);
+      if (ddp_s > 0) std::printf(", weft / DDP = %.3f (target <= 0.50)", weft_s / ddp_s);
+      std::printf("\n# results %s\n", correct ? "correct" : "WRONG");
+      std::printf("%s", weft_sum->plan().describe().c_str());
+      if (!json_path.empty()) {
+        std::ofstream out(json_path);
+        out << "{\"weft_s\": " << json_value(weft_s) << ", \"weft_mean_s\": " << json_value(median(variants[3].times))
+            << ", \"ddp_s\": " << json_value(ddp_s) << ", \"ddp_backward_only_s\": " << json_value(ddp_backward_only_s)
+            << ", \"mpi_flat_s\": " << json_value(median(variants[0].times))
+            << ", \"mpi_per_tensor_s\": " << json_value(median(variants[1].times)) << ", \"ranks\": " << ranks
+            << ", \"iterations\": " << variants[0].times.size() << ", \"ddp_iterations\": " << ddp_times.size()
+            << "}\n";
+      }
+    }
+    if (!correct) exit_code = 1;
+    MPI_Comm_free(&raw);
+  }
+  MPI_Finalize();
+  return exit_code;
+}

@@ -1,0 +1,89 @@
+#pragma once
+/// \file
+/// The communication hook: how one bucket's gradients go on the wire. By default the synchronizer
+/// reduces each bucket in the buffer's own type; a hook can change that (compress float gradients
+/// to bfloat16, reduce 16-bit gradients in float, quantise, ...). A hook runs on the caller's
+/// thread: `start` issues the (async) communication, `complete` runs once it has finished and
+/// leaves the result in the bucket.
+
+#include <cstddef>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include <weft/backend/backend.hpp>
+#include <weft/comm/communicator.hpp>
+#include <weft/core/dtype.hpp>
+#include <weft/grad/detail/convert.hpp>
+
+namespace weft::grad {
+
+/// One bucket to reduce.
+template <element T>
+struct bucket_job {
+  std::size_t index = 0;  ///< bucket index (the same bucket on every rank)
+  std::span<T> data;      ///< the bucket's slice of the gradient buffer, padding included
+  double scale = 1.0;     ///< multiply the sum over ranks by this (fold it into a conversion if you can)
+  bool shard = false;     ///< leave only this rank's shard reduced (reduce-scatter), not the whole bucket
+};
+
+/// Interface of a communication hook for backend B and gradient type T.
+template <backend B, element T>
+class comm_hook {
+ public:
+  using request = typename B::request;
+  virtual ~comm_hook() = default;
+  /// A short name for reports.
+  virtual std::string_view name() const = 0;
+  /// Issues the reduction of `job` over `group` and returns its request. Called in bucket order,
+  /// identically on every rank. Buffers it uses must stay valid until `complete` is called.
+  virtual request start(communicator<B>& group, const bucket_job<T>& job) = 0;
+  /// Called once the request has completed: the bucket (or, when `job.shard`, this rank's shard
+  /// of it) must then hold the scaled sum over the group.
+  virtual void complete(communicator<B>& group, const bucket_job<T>& job) {
+    (void)group;
+    (void)job;
+  }
+};
+
+/// Puts gradients on the wire as `Wire` (e.g. bfloat16 for float gradients: half the bytes; or
+/// float for bfloat16 gradients: an exact-enough sum), converting with the scale folded in, and
+/// converts the result back. Keeps one staging buffer per bucket.
+template <backend B, element T, element Wire>
+class cast_hook final : public comm_hook<B, T> {
+ public:
+  using request = typename B::request;
+
+  std::string_view name() const override { return name_; }
+
+  request start(communicator<B>& group, const bucket_job<T>& job) override {
+    if (staging_.size() <= job.index) staging_.resize(job.index + 1);
+    std::vector<Wire>& wire = staging_[job.index];
+    wire.resize(job.data.size());
+    detail::convert_scaled<Wire, T>(job.data, wire, job.scale);
+    if (job.shard) return group.reduce_scatter_in_place_async(wire);
+    return group.all_reduce_async(wire);
+  }
+
+  void complete(communicator<B>& group, const bucket_job<T>& job) override {
+    std::vector<Wire>& wire = staging_[job.index];
+    if (!job.shard) {
+      detail::convert_scaled<T, Wire>(wire, job.data, 1.0);
+      return;
+    }
+    std::size_t length = wire.size() / static_cast<std::size_t>(group.size());
+    std::size_t at = static_cast<std::size_t>(group.rank()) * length;
+    detail::convert_scaled<T, Wire>(std::span<const Wire>(wire).subspan(at, length), job.data.subspan(at, length),
+                                    1.0);
+  }
+
+ private:
+  static constexpr std::string_view name_ = "cast";
+  std::vector<std::vector<Wire>> staging_;
+};
+
+/// Float gradients travel as bfloat16 (half the bytes, about 3 significant digits per element).
+template <backend B>
+using bfloat16_compression_hook = cast_hook<B, float, bfloat16>;
+
+}  // namespace weft::grad

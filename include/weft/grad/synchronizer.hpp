@@ -1,0 +1,552 @@
+#pragma once
+/// \file
+/// `weft::grad::synchronizer<B, T>`: bucketed, accumulation-aware, overlapped reduction of a
+/// model's gradients over a data-parallel group, for any backend.
+///
+/// Use:
+///   1. `add_param(name, count)` for every parameter, in model order (forward order);
+///   2. `freeze()` (collective): plans the buckets, allocates the flat gradient buffer, and checks
+///      that every rank of the group planned the same buckets;
+///   3. each micro-step: backward adds each gradient into `grad(p)` and calls `mark_ready(p)` (or
+///      `mark_ready(p, gradient)`, which adds it for you), then `finish()`; trainers without
+///      per-parameter hooks call `reduce_all()` instead of the marks and `finish()`;
+///   4. when `finish()` returns true, the buffer holds the scaled, reduced gradients: step the
+///      optimizer, then `zero_grad()`.
+///
+/// On the last micro-step of an accumulation window, a bucket's reduction is issued as soon as all
+/// of its parameters are marked and every earlier bucket has been issued: reductions go out in
+/// bucket order, the same on every rank, whatever order the ranks' backward passes mark
+/// parameters in. On the other micro-steps nothing is communicated.
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <weft/backend/backend.hpp>
+#include <weft/comm/communicator.hpp>
+#include <weft/core/dtype.hpp>
+#include <weft/core/error.hpp>
+#include <weft/core/reduce_op.hpp>
+#include <weft/grad/bucket_plan.hpp>
+#include <weft/grad/comm_hook.hpp>
+#include <weft/grad/detail/convert.hpp>
+#include <weft/grad/flat_buffer.hpp>
+#include <weft/grad/options.hpp>
+#include <weft/grad/param_gather.hpp>
+#include <weft/grad/step_report.hpp>
+
+namespace weft::grad {
+
+/// A run of one parameter's elements that belongs to this rank's shard (ZeRO-1).
+struct shard_segment {
+  std::size_t param = 0;          ///< registration index
+  std::size_t buffer_offset = 0;  ///< first element in the flat buffer
+  std::size_t param_offset = 0;   ///< first element within the parameter
+  std::size_t count = 0;
+};
+
+/// This rank's shard of one bucket, padding included: [offset, offset + count) of the flat buffer.
+struct shard_range {
+  std::size_t bucket = 0;
+  std::size_t offset = 0;
+  std::size_t count = 0;
+};
+
+/// `T` is the gradients' type: float, double, weft::half or weft::bfloat16.
+template <backend B, element T = float>
+  requires(is_floating(dtype_of<T>))
+class synchronizer {
+  // The buffer, scaling and conversions are host memory and host loops today; device buffers,
+  // kernels and stream ordering are what an NCCL synchronizer still needs (docs/data_parallel.md).
+  static_assert(B::name != std::string_view("nccl"),
+                "weft::grad::synchronizer keeps gradients in host memory and does not support the NCCL backend yet");
+
+ public:
+  using request = typename B::request;
+  using clock = std::chrono::steady_clock;
+
+  /// A synchronizer over `group` (the dp or dp-cp group); the group must outlive it.
+  explicit synchronizer(communicator<B>& group, sync_options options = {}) : group_(&group), options_(options) {
+    if (options_.accumulation_steps < 1)
+      fail(where() + ": accumulation_steps is " + std::to_string(options_.accumulation_steps) +
+           "; it must be at least 1 (1: reduce every step)");
+    if (options_.bucket_bytes == 0 || options_.first_bucket_bytes == 0)
+      fail(where() + ": bucket_bytes and first_bucket_bytes must be positive");
+  }
+
+  synchronizer(const synchronizer&) = delete;
+  synchronizer& operator=(const synchronizer&) = delete;
+  /// Waits for reductions still in flight (their requests do), so the buffer outlives them.
+  ~synchronizer() = default;
+
+  // ---- registration ------------------------------------------------------------------------
+
+  /// Registers a parameter of `count` elements and returns its index (0, 1, ... in call order).
+  /// Register in forward order: buckets are formed from the last parameter backwards.
+  std::size_t add_param(std::string name, std::size_t count) {
+    if (frozen())
+      fail(where() + ": add_param('" + name + "') after freeze(): the bucket plan is frozen; register every "
+           "parameter before freeze()");
+    if (count == 0) fail(where() + ": parameter '" + name + "' has 0 elements; register only parameters with gradients");
+    specs_.push_back({std::move(name), count});
+    return specs_.size() - 1;
+  }
+
+  /// Plans the buckets, allocates the zeroed gradient buffer, and checks (collectively) that every
+  /// rank of the group has the same plan: call it on every rank, after the last add_param().
+  void freeze() {
+    if (frozen()) fail(where() + ": freeze() called twice");
+    if (specs_.empty()) fail(where() + ": freeze() with no parameters registered");
+    plan_options po{.bucket_bytes = options_.bucket_bytes,
+                    .first_bucket_bytes = options_.first_bucket_bytes,
+                    .pad_elements = options_.pad_elements,
+                    .dp = group_->size()};
+    auto plan = std::make_shared<const bucket_plan>(specs_, dtype_of<T>, po);
+    std::uint64_t mode = static_cast<std::uint64_t>(options_.shard_optimizer_state) |
+                         static_cast<std::uint64_t>(options_.accumulation_steps) << 1 |
+                         static_cast<std::uint64_t>(options_.scale) << 32 |
+                         static_cast<std::uint64_t>(options_.precision) << 40;
+    group_->expect_same_on_all_ranks(
+        "the gradient bucket plan (parameter names, sizes and order, element type, bucket options)",
+        plan->fingerprint());
+    group_->expect_same_on_all_ranks("the synchronizer options (sharding, accumulation, scaling, precision)", mode);
+    plan_ = std::move(plan);
+    grads_ = flat_buffer<T>(plan_);
+    const std::size_t buckets = plan_->buckets().size();
+    marked_.assign(specs_.size(), 0);
+    pending_.assign(buckets, 0);
+    requests_.clear();
+    requests_.resize(buckets);
+    jobs_.assign(buckets, {});
+    deferred_.assign(buckets, 0);
+    timings_.assign(buckets, {});
+    reset_pending();
+    build_shards();
+    if (options_.precision == reduce_precision::fp32 && detail::is_16bit_float_v<T>)
+      hook_ = std::make_shared<cast_hook<B, T, float>>();
+  }
+
+  bool frozen() const noexcept { return plan_ != nullptr; }
+
+  /// Replaces how buckets go on the wire (before the first step; the same hook on every rank).
+  void set_comm_hook(std::shared_ptr<comm_hook<B, T>> hook) {
+    if (in_window())
+      fail(where() + ": set_comm_hook() inside an accumulation window; set it between optimizer steps");
+    if (options_.precision == reduce_precision::fp32 && detail::is_16bit_float_v<T>)
+      fail(where() + ": a comm hook replaces precision = fp32; use precision = own with a hook that reduces in "
+           "float (cast_hook<B, T, float>)");
+    hook_ = std::move(hook);
+  }
+
+  // ---- the buffer --------------------------------------------------------------------------
+
+  const bucket_plan& plan() const { return *checked_plan("plan()"); }
+  std::shared_ptr<const bucket_plan> shared_plan() const { return checked_plan("shared_plan()"); }
+  flat_buffer<T>& grads() {
+    checked_plan("grads()");
+    return grads_;
+  }
+  /// The gradient of parameter `param`: backward adds into it.
+  std::span<T> grad(std::size_t param) {
+    checked_plan("grad()");
+    check_param(param, "grad");
+    return grads_.view(param);
+  }
+  /// The registration index of the parameter called `name`.
+  std::size_t find(std::string_view name) const {
+    for (std::size_t i = 0; i < specs_.size(); ++i)
+      if (specs_[i].name == name) return i;
+    fail(where() + ": no parameter named '" + std::string(name) + "' is registered");
+  }
+  communicator<B>& group() noexcept { return *group_; }
+  const sync_options& options() const noexcept { return options_; }
+
+  /// Zeroes the gradient buffer (after the optimizer step, before the next window).
+  void zero_grad() {
+    checked_plan("zero_grad()");
+    if (marked_count_ != 0)
+      fail(where() + ": zero_grad() in the middle of a backward (" + std::to_string(marked_count_) +
+           " parameters already marked ready); call it after finish()");
+    grads_.zero();
+  }
+
+  // ---- accumulation ------------------------------------------------------------------------
+
+  /// The micro-step the current (or next) backward belongs to: 0 .. accumulation_steps - 1.
+  int micro_step() const noexcept { return micro_; }
+  /// Whether the current (or next) backward is the one that reduces.
+  bool reduces_this_micro_step() const noexcept { return micro_ == options_.accumulation_steps - 1; }
+  /// Optimizer steps whose gradients have been reduced.
+  std::size_t steps() const noexcept { return steps_; }
+
+  /// With scaling::token_count: the number of tokens in this optimizer step's global batch (over
+  /// every rank and micro-step). Set it before the last micro-step's backward to fold the
+  /// division into the reduction; set later (before finish()), it costs one more pass.
+  void set_token_count(double tokens) {
+    if (options_.scale != scaling::token_count)
+      fail(where() + ": set_token_count() needs scaling::token_count (the synchronizer uses another scaling)");
+    if (!(tokens > 0)) fail(where() + ": set_token_count(" + std::to_string(tokens) + "): the count must be positive");
+    token_count_ = tokens;
+  }
+
+  // ---- the step ----------------------------------------------------------------------------
+
+  /// Parameter `param`'s gradient for this micro-step is complete in grad(param).
+  void mark_ready(std::size_t param) {
+    checked_plan("mark_ready()");
+    check_param(param, "mark_ready");
+    if (marked_[param])
+      fail(where() + ": parameter '" + specs_[param].name + "' was marked ready twice in micro-step " +
+           std::to_string(micro_) + "; mark each parameter once per backward, then call finish()");
+    if (marked_count_ == 0) begin_micro_step();
+    marked_[param] = 1;
+    ++marked_count_;
+    if (reduces_this_micro_step() && options_.overlap) {
+      std::size_t b = plan_->bucket_of(param);
+      if (--pending_[b] == 0) {
+        timings_[b].ready_s = since_start();
+        issue_in_order();
+      }
+      poll();
+    }
+  }
+
+  /// Adds `gradient` into grad(param), then marks it ready.
+  void mark_ready(std::size_t param, std::span<const T> gradient) {
+    checked_plan("mark_ready()");
+    check_param(param, "mark_ready");
+    if (gradient.size() != specs_[param].count)
+      fail(where() + ": the gradient given for parameter '" + specs_[param].name + "' has " +
+           std::to_string(gradient.size()) + " elements, but the parameter was registered with " +
+           std::to_string(specs_[param].count));
+    if (marked_[param]) mark_ready(param);  // reports the double mark before touching the buffer
+    detail::add_in_place<T>(grads_.view(param), gradient);
+    mark_ready(param);
+  }
+
+  /// Ends the micro-step. On the last micro-step of the window, waits until every bucket is
+  /// reduced and scaled in place and returns true (step the optimizer now); otherwise returns
+  /// false at once. Throws, naming them, if some parameters were not marked ready; the buckets
+  /// are still reduced first, so the other ranks do not hang.
+  bool finish() { return end_micro_step(options_.overlap); }
+
+  /// Marks every parameter not yet marked and finishes: for trainers without per-parameter hooks.
+  bool reduce_all() {
+    checked_plan("reduce_all()");
+    if (marked_count_ == 0) begin_micro_step();
+    for (std::size_t p = 0; p < specs_.size(); ++p) {
+      if (marked_[p]) continue;
+      marked_[p] = 1;
+      ++marked_count_;
+      --pending_[plan_->bucket_of(p)];
+    }
+    return end_micro_step(false);
+  }
+
+  /// The timing of the last reduced optimizer step.
+  const step_report& last_report() const noexcept { return report_; }
+
+  // ---- sharded optimizer state (ZeRO-1) ----------------------------------------------------
+
+  /// This rank's shard of every bucket (padding included), in bucket order.
+  std::span<const shard_range> shard_ranges() const {
+    check_sharded("shard_ranges()");
+    return shard_ranges_;
+  }
+  /// This rank's shard as runs of parameters (padding excluded), in buffer order.
+  std::span<const shard_segment> shard_segments() const {
+    check_sharded("shard_segments()");
+    return shard_segments_;
+  }
+  /// Elements of this rank's shard, padding excluded (the size of its optimizer state).
+  std::size_t shard_elements() const {
+    check_sharded("shard_elements()");
+    std::size_t n = 0;
+    for (const shard_segment& s : shard_segments_) n += s.count;
+    return n;
+  }
+
+  /// Starts gathering every rank's updated shard of `params` (a flat buffer with this
+  /// synchronizer's plan) into every rank, bucket by bucket in forward order. Wait for a parameter
+  /// with `wait_for(p)` before the next forward reads it.
+  param_gather<B> gather_params_async(flat_buffer<T>& params) {
+    check_sharded("gather_params_async()");
+    if (!params.shared_plan() || params.all().size() != grads_.all().size() ||
+        params.plan().fingerprint() != plan_->fingerprint())
+      fail(where() + ": gather_params: the parameter buffer was not laid out by this synchronizer's plan; "
+           "make it with flat_buffer<T>(sync.shared_plan())");
+    if (marked_count_ != 0) fail(where() + ": gather_params during a backward; call it after finish()");
+    const std::size_t buckets = plan_->buckets().size();
+    std::vector<request> requests(buckets);
+    for (std::size_t b = buckets; b-- > 0;) requests[b] = group_->all_gather_in_place_async(params.bucket_slice(b));
+    return param_gather<B>(plan_, std::move(requests));
+  }
+  /// Gathers every rank's updated shard of `params` and waits.
+  void gather_params(flat_buffer<T>& params) { gather_params_async(params).wait(); }
+
+ private:
+  std::string where() const { return "gradient synchronizer on group '" + group_->name() + "'"; }
+
+  const std::shared_ptr<const bucket_plan>& checked_plan(std::string_view what) const {
+    if (!plan_)
+      fail(where() + ": " + std::string(what) + " before freeze(); register every parameter, then call freeze()");
+    return plan_;
+  }
+
+  void check_param(std::size_t param, std::string_view what) const {
+    if (param >= specs_.size())
+      fail(where() + ": " + std::string(what) + "(" + std::to_string(param) + "): no such parameter (" +
+           std::to_string(specs_.size()) + " registered)");
+  }
+
+  void check_sharded(std::string_view what) const {
+    checked_plan(what);
+    if (!options_.shard_optimizer_state)
+      fail(where() + ": " + std::string(what) + " needs shard_optimizer_state = true");
+  }
+
+  bool in_window() const noexcept { return micro_ != 0 || marked_count_ != 0; }
+
+  double since_start() const { return std::chrono::duration<double>(clock::now() - start_).count(); }
+
+  void begin_micro_step() {
+    start_ = clock::now();
+    issue_s_ = 0;
+    for (bucket_timing& t : timings_) t = {};
+  }
+
+  void reset_pending() {
+    for (std::size_t b = 0; b < pending_.size(); ++b) pending_[b] = plan_->buckets()[b].params.size();
+    next_issue_ = 0;
+    next_complete_ = 0;
+  }
+
+  /// The factor the reduced sum is multiplied by, if known now.
+  std::optional<double> scale_factor() const {
+    switch (options_.scale) {
+      case scaling::mean:
+        return 1.0 / (static_cast<double>(group_->size()) * static_cast<double>(options_.accumulation_steps));
+      case scaling::sum: return 1.0;
+      case scaling::token_count:
+        if (token_count_) return 1.0 / *token_count_;
+        return std::nullopt;
+    }
+    return 1.0;
+  }
+
+  void issue_in_order() {
+    while (next_issue_ < pending_.size() && pending_[next_issue_] == 0) issue(next_issue_++);
+  }
+
+  void issue(std::size_t b) {
+    auto t = clock::now();
+    std::optional<double> factor = scale_factor();
+    deferred_[b] = factor ? 0 : 1;
+    bucket_job<T>& job = jobs_[b];
+    job = {.index = b, .data = grads_.bucket_slice(b), .scale = factor.value_or(1.0),
+           .shard = options_.shard_optimizer_state};
+    timings_[b].bucket = b;
+    timings_[b].bytes = job.data.size_bytes();
+    timings_[b].start_s = since_start();
+    requests_[b] = hook_ ? hook_->start(*group_, job) : start_direct(job);
+    issue_s_ += std::chrono::duration<double>(clock::now() - t).count();
+  }
+
+  /// The default path: the bucket in its own type. A mean over the group alone is the backend's
+  /// `avg` (NCCL divides in the kernel, MPI on its progress thread); any other factor is applied
+  /// before the sum, which also keeps 16-bit sums in range.
+  request start_direct(bucket_job<T>& job) {
+    reduce_op op = reduce_op::sum;
+    if (job.scale == 1.0 / static_cast<double>(group_->size()) && group_->size() > 1) {
+      op = reduce_op::avg;
+    } else if (job.scale != 1.0) {
+      detail::scale_in_place<T>(job.data, job.scale);
+    }
+    if (job.shard) return group_->reduce_scatter_in_place_async(job.data, op);
+    return group_->all_reduce_async(job.data, op);
+  }
+
+  /// The slice of bucket b that holds a result on this rank.
+  std::span<T> result_of(std::size_t b) {
+    std::span<T> data = grads_.bucket_slice(b);
+    if (!options_.shard_optimizer_state) return data;
+    auto [offset, count] = plan_->buckets()[b].shard(group_->rank(), group_->size());
+    return grads_.all().subspan(offset, count);
+  }
+
+  void complete(std::size_t b) {
+    if (hook_) hook_->complete(*group_, jobs_[b]);
+    timings_[b].end_s = since_start();
+  }
+
+  /// Records buckets that have finished, oldest first (they finish in issue order).
+  void poll() {
+    while (next_complete_ < next_issue_ && requests_[next_complete_].test()) complete(next_complete_++);
+  }
+
+  bool end_micro_step(bool overlap_expected) {
+    checked_plan("finish()");
+    const bool last = reduces_this_micro_step();
+    if (marked_count_ == 0) begin_micro_step();  // an empty backward still ends the micro-step
+    const double backward_end = since_start();
+    std::vector<std::size_t> unmarked;
+    for (std::size_t p = 0; p < specs_.size(); ++p)
+      if (!marked_[p]) unmarked.push_back(p);
+
+    bool token_count_missing = false;
+    if (last) {
+      // Issue every bucket, including those with unmarked parameters, so that the other ranks'
+      // collectives find their partners; the error is raised after.
+      while (next_issue_ < pending_.size()) issue(next_issue_++);
+      for (std::size_t b = next_complete_; b < requests_.size(); ++b) {
+        auto t = clock::now();
+        requests_[b].wait();
+        timings_[b].exposed_s = std::chrono::duration<double>(clock::now() - t).count();
+        complete(b);
+      }
+      next_complete_ = requests_.size();
+      for (std::size_t b = 0; b < deferred_.size(); ++b) {
+        if (!deferred_[b]) continue;
+        if (!token_count_) {
+          token_count_missing = true;
+          continue;
+        }
+        detail::scale_in_place<T>(result_of(b), 1.0 / *token_count_);
+      }
+    }
+
+    // With communication checks on, every rank learns whether some rank's step was incomplete.
+    std::optional<weft::error> disagreement;
+    if (group_->checks() == check_level::communication) {
+      try {
+        group_->expect_same_on_all_ranks("whether every parameter was marked ready in this micro-step",
+                                         unmarked.size());
+      } catch (const weft::error& e) {
+        disagreement = e;
+      }
+    }
+
+    const int finished_micro = micro_;
+    std::fill(marked_.begin(), marked_.end(), 0);
+    marked_count_ = 0;
+    reset_pending();
+    micro_ = last ? 0 : micro_ + 1;
+    if (last) {
+      build_report(overlap_expected, backward_end);
+      ++steps_;
+      token_count_.reset();
+    }
+
+    if (!unmarked.empty()) {
+      std::string names;
+      for (std::size_t i = 0; i < unmarked.size() && i < 10; ++i)
+        names += (i ? ", '" : "'") + specs_[unmarked[i]].name + "'";
+      if (unmarked.size() > 10) names += " and " + std::to_string(unmarked.size() - 10) + " more";
+      fail(where() + ": micro-step " + std::to_string(finished_micro) + " finished with " +
+           std::to_string(unmarked.size()) + " of " + std::to_string(specs_.size()) +
+           " parameters not marked ready: " + names +
+           (last ? "; their buckets were reduced with whatever the buffer held, so this step's gradients are wrong"
+                 : "") +
+           ". Mark every parameter once per backward (mark a parameter that got no gradient too).");
+    }
+    if (disagreement) throw *disagreement;
+    if (token_count_missing)
+      fail(where() + ": scaling::token_count, but set_token_count() was not called before finish() of the "
+           "window's last micro-step; the gradients are left unscaled (sums)");
+    return last;
+  }
+
+  void build_report(bool overlap_expected, double backward_end) {
+    step_report r;
+    r.step = steps_;
+    r.overlap_expected = overlap_expected;
+    r.backward_s = backward_end;
+    r.issue_s = issue_s_;
+    r.finish_s = since_start() - backward_end;
+    r.buckets = timings_;
+    std::vector<std::pair<double, double>> spans;
+    std::size_t started_during_backward = 0;
+    for (const bucket_timing& t : timings_) {
+      spans.emplace_back(t.start_s, t.end_s);
+      if (t.start_s < backward_end) ++started_during_backward;
+    }
+    auto [comm, before] = detail::union_length(spans, backward_end);
+    r.comm_s = comm;
+    r.exposed_s = r.issue_s + r.finish_s;
+    r.hidden_s = std::max(0.0, std::min(before - r.issue_s, comm));
+    if (overlap_expected && r.exposed_s > 1e-3 && r.hidden_s < 0.05 * r.comm_s) {
+      if (started_during_backward == 0)
+        r.warning = "overlap is on but hid no communication: every bucket started after backward ended; call "
+                    "mark_ready() as backward produces each gradient (or set overlap = false and call reduce_all())";
+      else
+        r.warning = "overlap is on but hid almost no communication: " + std::to_string(started_during_backward) +
+                    " of " + std::to_string(timings_.size()) +
+                    " buckets started during backward, yet the communication ran after it (backward too short, or a "
+                    "backend without asynchronous progress, e.g. MPI initialised without MPI_THREAD_MULTIPLE)";
+      if (options_.warn_if_not_overlapped && !warned_) {
+        warned_ = true;
+        std::fprintf(stderr, "weft: %s: %s\n", where().c_str(), r.warning.c_str());
+      }
+    }
+    report_ = std::move(r);
+  }
+
+  void build_shards() {
+    shard_ranges_.clear();
+    shard_segments_.clear();
+    if (!options_.shard_optimizer_state) return;
+    const auto buckets = plan_->buckets();
+    for (std::size_t b = 0; b < buckets.size(); ++b) {
+      auto [offset, count] = buckets[b].shard(group_->rank(), group_->size());
+      shard_ranges_.push_back({b, offset, count});
+      for (std::size_t p : buckets[b].params) {
+        std::size_t lo = std::max(offset, plan_->offset_of(p));
+        std::size_t hi = std::min(offset + count, plan_->offset_of(p) + specs_[p].count);
+        if (lo < hi) shard_segments_.push_back({p, lo, lo - plan_->offset_of(p), hi - lo});
+      }
+    }
+  }
+
+  communicator<B>* group_;
+  sync_options options_;
+  std::vector<param_spec> specs_;
+  std::shared_ptr<const bucket_plan> plan_;
+  flat_buffer<T> grads_;
+  std::shared_ptr<comm_hook<B, T>> hook_;
+
+  // the current micro-step
+  std::vector<char> marked_;
+  std::size_t marked_count_ = 0;
+  std::vector<std::size_t> pending_;  ///< unmarked parameters per bucket
+  std::size_t next_issue_ = 0;        ///< buckets are issued strictly in order
+  std::size_t next_complete_ = 0;
+  std::vector<bucket_job<T>> jobs_;
+  std::vector<char> deferred_;  ///< scaled after completion (token count unknown at issue)
+  int micro_ = 0;
+  std::size_t steps_ = 0;
+  std::optional<double> token_count_;
+
+  // timing
+  clock::time_point start_{};
+  double issue_s_ = 0;
+  std::vector<bucket_timing> timings_;
+  step_report report_;
+  bool warned_ = false;
+
+  std::vector<shard_range> shard_ranges_;
+  std::vector<shard_segment> shard_segments_;
+
+  // Last: destroyed first, so in-flight requests finish while the buffer and hook still exist.
+  std::vector<request> requests_;
+};
+
+}  // namespace weft::grad

@@ -1,0 +1,171 @@
+// The bucket plan in one process: order, caps, padding, layout and fingerprints, checked against
+// plans worked out by hand.
+#include <catch2/catch.hpp>
+
+#include <weft/grad/bucket_plan.hpp>
+
+#include "../../bench/grad_sync/gpt2_shapes.hpp"
+
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+using weft::grad::bucket_plan;
+using weft::grad::param_spec;
+using weft::grad::plan_options;
+
+namespace {
+
+// Registration order a, b, c, d, e with these element counts.
+std::vector<param_spec> five() { return {{"a", 100}, {"b", 300}, {"c", 50}, {"d", 1000}, {"e", 10}}; }
+
+// Caps in float elements: first bucket 200, others 400.
+plan_options small_caps(std::size_t pad = 1, int dp = 1) {
+  return {.bucket_bytes = 400 * 4, .first_bucket_bytes = 200 * 4, .pad_elements = pad, .dp = dp};
+}
+
+std::vector<std::vector<std::size_t>> members(const bucket_plan& plan) {
+  std::vector<std::vector<std::size_t>> out;
+  for (const auto& b : plan.buckets()) out.push_back(b.params);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("buckets are formed in reverse registration order under the caps", "[grad][plan]") {
+  bucket_plan plan(five(), weft::dtype::float32, small_caps());
+  // Worked by hand: e (10) fits the 200-element first bucket but d (1000) does not, so e is
+  // alone; d exceeds the 400 cap and gets its own bucket; c + b = 350 fit, adding a would not.
+  using v = std::vector<std::size_t>;
+  REQUIRE(members(plan) == std::vector<v>{v{4}, v{3}, v{2, 1}, v{0}});
+  REQUIRE(plan.offset_of(4) == 0);
+  REQUIRE(plan.offset_of(3) == 10);
+  REQUIRE(plan.offset_of(2) == 1010);
+  REQUIRE(plan.offset_of(1) == 1060);
+  REQUIRE(plan.offset_of(0) == 1360);
+  REQUIRE(plan.total_elements() == 1460);
+  REQUIRE(plan.used_elements() == 1460);
+  REQUIRE(plan.bucket_of(1) == 2);
+  REQUIRE(plan.bucket_of(0) == 3);
+}
+
+TEST_CASE("a bucket closes exactly at its cap", "[grad][plan]") {
+  plan_options o{.bucket_bytes = 400 * 4, .first_bucket_bytes = 400 * 4, .pad_elements = 1};
+  bucket_plan plan({{"x", 100}, {"y", 200}, {"z", 200}}, weft::dtype::float32, o);
+  using v = std::vector<std::size_t>;
+  REQUIRE(members(plan) == std::vector<v>{v{2, 1}, v{0}});  // z + y = 400 = cap: closed, x starts anew
+}
+
+TEST_CASE("caps are in bytes of the element type", "[grad][plan]") {
+  // bfloat16: the 800-byte first cap holds 400 elements, the 1600-byte cap 800.
+  bucket_plan plan(five(), weft::dtype::bfloat16, small_caps());
+  using v = std::vector<std::size_t>;
+  REQUIRE(members(plan) == std::vector<v>{v{4}, v{3}, v{2, 1, 0}});
+}
+
+TEST_CASE("buckets are padded to multiples of lcm(pad, dp) elements", "[grad][plan]") {
+  SECTION("pad 128, dp 2: unit 128") {
+    bucket_plan plan(five(), weft::dtype::float32, small_caps(128, 2));
+    REQUIRE(plan.padding_unit() == 128);
+    std::vector<std::size_t> counts, offsets, used;
+    for (const auto& b : plan.buckets()) {
+      counts.push_back(b.count);
+      offsets.push_back(b.offset);
+      used.push_back(b.used);
+    }
+    REQUIRE(counts == std::vector<std::size_t>{128, 1024, 384, 128});
+    REQUIRE(offsets == std::vector<std::size_t>{0, 128, 1152, 1536});
+    REQUIRE(used == std::vector<std::size_t>{10, 1000, 350, 100});
+    REQUIRE(plan.total_elements() == 1664);
+    REQUIRE(plan.used_elements() == 1460);
+    REQUIRE(plan.offset_of(1) == 1152 + 50);
+  }
+  SECTION("pad 128, dp 3: unit 384") {
+    bucket_plan plan(five(), weft::dtype::float32, small_caps(128, 3));
+    REQUIRE(plan.padding_unit() == 384);
+    for (const auto& b : plan.buckets()) REQUIRE(b.count % 384 == 0);
+    REQUIRE(plan.buckets()[1].count == 1152);
+  }
+  SECTION("no padding but dp 4: multiples of 4, so buckets shard evenly") {
+    bucket_plan plan(five(), weft::dtype::float32, small_caps(1, 4));
+    std::vector<std::size_t> counts;
+    for (const auto& b : plan.buckets()) counts.push_back(b.count);
+    REQUIRE(counts == std::vector<std::size_t>{12, 1000, 352, 100});
+    auto [offset, length] = plan.buckets()[2].shard(3, 4);
+    REQUIRE(offset == 12 + 1000 + 3 * 88);
+    REQUIRE(length == 88);
+  }
+}
+
+TEST_CASE("GPT-2 small with the default caps", "[grad][plan]") {
+  std::vector<param_spec> specs;
+  for (const auto& s : weft_bench::gpt2_small_shapes()) specs.push_back({s.name, s.count()});
+  REQUIRE(specs.size() == 148);
+  bucket_plan plan(specs, weft::dtype::float32, plan_options{.dp = 2});
+  REQUIRE(plan.used_elements() == 124'439'808);
+  const std::size_t cap = (std::size_t{25} << 20) / 4;
+
+  // Every parameter is in exactly one bucket, the buckets tile the buffer, and parameters lie in
+  // the buffer in reverse registration order.
+  std::vector<int> seen(specs.size(), 0);
+  std::size_t at = 0;
+  for (std::size_t b = 0; b < plan.buckets().size(); ++b) {
+    const auto& k = plan.buckets()[b];
+    REQUIRE(k.offset == at);
+    REQUIRE(k.count % 128 == 0);
+    REQUIRE(k.count - k.used < 128);
+    std::size_t used = 0;
+    for (std::size_t p : k.params) {
+      ++seen[p];
+      REQUIRE(plan.bucket_of(p) == b);
+      REQUIRE(plan.offset_of(p) == k.offset + used);
+      used += specs[p].count;
+    }
+    REQUIRE(used == k.used);
+    if (k.params.size() > 1) REQUIRE(k.used <= (b == 0 ? cap / 25 : cap));
+    at += k.count;
+  }
+  REQUIRE(at == plan.total_elements());
+  REQUIRE(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
+  for (std::size_t p = 1; p < specs.size(); ++p) REQUIRE(plan.offset_of(p) < plan.offset_of(p - 1));
+
+  // The first bucket starts with ln_f.bias; wte (38.6 M elements, over the cap) is alone.
+  REQUIRE(plan.buckets().front().params.front() == 147);
+  std::size_t wte = plan.bucket_of(0);
+  REQUIRE(plan.buckets()[wte].params == std::vector<std::size_t>{0});
+}
+
+TEST_CASE("fingerprints change with anything that changes the plan", "[grad][plan]") {
+  const auto base = bucket_plan(five(), weft::dtype::float32, small_caps()).fingerprint();
+  REQUIRE(bucket_plan(five(), weft::dtype::float32, small_caps()).fingerprint() == base);
+
+  auto renamed = five();
+  renamed[2].name = "c2";
+  REQUIRE(bucket_plan(renamed, weft::dtype::float32, small_caps()).fingerprint() != base);
+  auto resized = five();
+  resized[0].count = 101;
+  REQUIRE(bucket_plan(resized, weft::dtype::float32, small_caps()).fingerprint() != base);
+  auto swapped = five();
+  std::swap(swapped[0], swapped[1]);
+  REQUIRE(bucket_plan(swapped, weft::dtype::float32, small_caps()).fingerprint() != base);
+  REQUIRE(bucket_plan(five(), weft::dtype::bfloat16, small_caps()).fingerprint() != base);
+  REQUIRE(bucket_plan(five(), weft::dtype::float32, small_caps(128)).fingerprint() != base);
+  REQUIRE(bucket_plan(five(), weft::dtype::float32, small_caps(1, 2)).fingerprint() != base);
+  auto cap = small_caps();
+  cap.bucket_bytes += 4;
+  REQUIRE(bucket_plan(five(), weft::dtype::float32, cap).fingerprint() != base);
+}
+
+TEST_CASE("bad plans are rejected with a reason", "[grad][plan]") {
+  REQUIRE_THROWS_WITH(bucket_plan({{"a", 10}, {"empty", 0}}, weft::dtype::float32, {}),
+                      Catch::Contains("'empty'") && Catch::Contains("0 elements"));
+  REQUIRE_THROWS_WITH(bucket_plan(five(), weft::dtype::float32, {.bucket_bytes = 0}),
+                      Catch::Contains("bucket_bytes is 0"));
+  REQUIRE_THROWS_WITH(bucket_plan(five(), weft::dtype::float32, {.dp = 0}), Catch::Contains("dp is 0"));
+}
+
+TEST_CASE("describe() names every bucket", "[grad][plan]") {
+  bucket_plan plan(five(), weft::dtype::float32, small_caps());
+  std::string text = plan.describe();
+  REQUIRE_THAT(text, Catch::Contains("4 buckets") && Catch::Contains("bucket 2") && Catch::Contains("c .. b"));
+}

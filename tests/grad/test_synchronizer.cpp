@@ -1,0 +1,335 @@
+// The synchronizer on a real group: identical plans, bucket-ordered reductions whatever the ready
+// order, bytes per optimizer step, precision and hooks, the step report, and every error case.
+#include <catch2/catch.hpp>
+
+#include <mpi.h>
+
+#include <weft/backend/mpi/backend.hpp>
+#include <weft/comm/communicator.hpp>
+#include <weft/grad/synchronizer.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <thread>
+#include <vector>
+
+using comm_t = weft::communicator<weft::mpi_backend>;
+using weft::grad::scaling;
+using weft::grad::synchronizer;
+
+namespace {
+
+comm_t dp_group() { return comm_t(weft::mpi_backend::comm::world(), "dp"); }
+
+// Parameter p has 3 + 5p elements (with a few large ones), so plans have buckets of 1 to several
+// parameters.
+std::size_t size_of_param(std::size_t p) { return p % 7 == 3 ? 300 + p : 3 + 5 * p; }
+
+// Rank r's gradient of parameter p at element i: small integers, exact in every type we use.
+double contribution(int rank, std::size_t p, std::size_t i) {
+  return static_cast<double>(rank + 1) + static_cast<double>((p + i) % 7);
+}
+double summed(int ranks, std::size_t p, std::size_t i) {
+  double s = 0;
+  for (int r = 0; r < ranks; ++r) s += contribution(r, p, i);
+  return s;
+}
+
+template <class T>
+void register_params(synchronizer<weft::mpi_backend, T>& sync, std::size_t n) {
+  for (std::size_t p = 0; p < n; ++p) sync.add_param("layer" + std::to_string(p), size_of_param(p));
+  sync.freeze();
+}
+
+template <class T>
+void fill(synchronizer<weft::mpi_backend, T>& sync, int rank, std::size_t p) {
+  auto g = sync.grad(p);
+  for (std::size_t i = 0; i < g.size(); ++i) g[i] = T(static_cast<float>(contribution(rank, p, i)));
+}
+
+std::vector<std::int64_t> all_gather_world(std::int64_t mine) {
+  int size = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  std::vector<std::int64_t> all(static_cast<std::size_t>(size));
+  MPI_Allgather(&mine, 1, MPI_INT64_T, all.data(), 1, MPI_INT64_T, MPI_COMM_WORLD);
+  return all;
+}
+
+}  // namespace
+
+TEST_CASE("every rank plans the same buckets", "[grad][sync]") {
+  auto dp = dp_group();
+  synchronizer<weft::mpi_backend> sync(dp, {.bucket_bytes = 512, .first_bucket_bytes = 64});
+  register_params(sync, 40);
+  const auto& plan = sync.plan();
+  REQUIRE(plan.buckets().size() > 5);
+  // Compare the plans themselves, not only their fingerprints: every bucket's place and members.
+  std::uint64_t layout = plan.fingerprint();
+  for (const auto& b : plan.buckets()) {
+    layout = layout * 1000003u + b.offset;
+    layout = layout * 1000003u + b.count;
+    for (std::size_t p : b.params) layout = layout * 1000003u + p;
+  }
+  for (std::int64_t other : all_gather_world(static_cast<std::int64_t>(layout)))
+    REQUIRE(other == static_cast<std::int64_t>(layout));
+  for (std::int64_t other : all_gather_world(static_cast<std::int64_t>(plan.fingerprint())))
+    REQUIRE(other == static_cast<std::int64_t>(plan.fingerprint()));
+  for (const auto& b : plan.buckets()) REQUIRE(b.count % static_cast<std::size_t>(dp.size()) == 0);
+}
+
+TEST_CASE("ranks marking gradients in different orders still reduce correctly", "[grad][sync]") {
+  auto dp = dp_group();
+  const std::size_t n = 40;
+  synchronizer<weft::mpi_backend> sync(
+      dp, {.bucket_bytes = 256, .first_bucket_bytes = 32, .scale = scaling::sum, .warn_if_not_overlapped = false});
+  register_params(sync, n);
+  std::mt19937 random(1234u + static_cast<unsigned>(dp.rank()));  // a different order on every rank
+  for (int step = 0; step < 3; ++step) {
+    std::vector<std::size_t> order(n);
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    std::shuffle(order.begin(), order.end(), random);
+    for (std::size_t p : order) {
+      fill(sync, dp.rank(), p);
+      sync.mark_ready(p);
+    }
+    REQUIRE(sync.finish());
+    for (std::size_t p = 0; p < n; ++p) {
+      auto g = sync.grad(p);
+      for (std::size_t i = 0; i < g.size(); ++i) REQUIRE(g[i] == static_cast<float>(summed(dp.size(), p, i)));
+    }
+    // Bucket order, not ready order: the issue times are non-decreasing in bucket index.
+    const auto& report = sync.last_report();
+    REQUIRE(report.buckets.size() == sync.plan().buckets().size());
+    for (std::size_t b = 1; b < report.buckets.size(); ++b)
+      REQUIRE(report.buckets[b].start_s >= report.buckets[b - 1].start_s);
+    sync.zero_grad();
+  }
+}
+
+TEST_CASE("with an accumulation window of 8, one optimizer step communicates one buffer", "[grad][sync]") {
+  auto dp = dp_group();
+  const int k = 8;
+  synchronizer<weft::mpi_backend> sync(dp, {.bucket_bytes = 1024, .first_bucket_bytes = 128, .accumulation_steps = k,
+                                            .warn_if_not_overlapped = false});
+  register_params(sync, 30);
+  const std::size_t buffer_bytes = sync.plan().total_elements() * sizeof(float);
+  for (int step = 0; step < 2; ++step) {
+    auto before = dp.stats();
+    for (int j = 0; j < k; ++j) {
+      for (std::size_t p = 30; p-- > 0;) {
+        fill(sync, dp.rank(), p);  // overwritten each micro-step: only the last one's values remain
+        sync.mark_ready(p);
+      }
+      if (j < k - 1) REQUIRE(dp.stats().bytes == before.bytes);
+      sync.finish();
+    }
+    auto after = dp.stats();
+    REQUIRE(after.bytes - before.bytes == buffer_bytes);
+    REQUIRE(after.operations - before.operations == sync.plan().buckets().size());
+    sync.zero_grad();
+  }
+}
+
+TEST_CASE("16-bit gradients reduced in float, and a bfloat16 compression hook", "[grad][sync][precision]") {
+  auto dp = dp_group();
+  const int p = dp.size();
+  SECTION("bfloat16 gradients, precision fp32: one rounding of the exact sum") {
+    synchronizer<weft::mpi_backend, weft::bfloat16> sync(
+        dp, {.first_bucket_bytes = 64, .scale = scaling::sum, .precision = weft::grad::reduce_precision::fp32});
+    sync.add_param("w", 1000);
+    sync.freeze();
+    // Rank 0 holds 256, the others 1: the exact sum 256 + (p - 1) rounded once to bfloat16.
+    auto g = sync.grad(0);
+    for (auto& x : g) x = weft::bfloat16(dp.rank() == 0 ? 256.0f : 1.0f);
+    auto before = dp.stats();
+    sync.reduce_all();
+    const float want = float(weft::bfloat16(256.0f + static_cast<float>(p - 1)));
+    for (auto x : g) REQUIRE(float(x) == want);
+    REQUIRE(dp.stats().bytes - before.bytes == sync.plan().total_elements() * sizeof(float));  // float on the wire
+  }
+  SECTION("half gradients, precision fp32, mean over dp") {
+    synchronizer<weft::mpi_backend, weft::half> sync(dp, {.precision = weft::grad::reduce_precision::fp32});
+    sync.add_param("w", 77);
+    sync.freeze();
+    auto g = sync.grad(0);
+    for (std::size_t i = 0; i < g.size(); ++i) g[i] = weft::half(static_cast<float>(contribution(dp.rank(), 0, i)));
+    sync.reduce_all();
+    for (std::size_t i = 0; i < g.size(); ++i)
+      REQUIRE(float(g[i]) == float(weft::half(static_cast<float>(summed(p, 0, i) / p))));
+  }
+  SECTION("float gradients compressed to bfloat16 on the wire") {
+    synchronizer<weft::mpi_backend, float> sync(dp, {.first_bucket_bytes = 64, .scale = scaling::sum});
+    sync.add_param("w", 500);
+    sync.freeze();
+    sync.set_comm_hook(std::make_shared<weft::grad::bfloat16_compression_hook<weft::mpi_backend>>());
+    auto g = sync.grad(0);
+    // Element 0 is 1 + 2^-10 on every rank: not a bfloat16, so it arrives rounded to 1 per rank.
+    for (std::size_t i = 0; i < g.size(); ++i)
+      g[i] = i == 0 ? 1.0f + 1.0f / 1024 : static_cast<float>(contribution(dp.rank(), 0, i));
+    auto before = dp.stats();
+    sync.reduce_all();
+    REQUIRE(dp.stats().bytes - before.bytes == sync.plan().total_elements() * 2);  // half the bytes
+    REQUIRE(g[0] == static_cast<float>(p));
+    for (std::size_t i = 1; i < g.size(); ++i) REQUIRE(g[i] == static_cast<float>(summed(p, 0, i)));
+  }
+}
+
+TEST_CASE("the step report shows overlap, and warns when a configured overlap hid nothing", "[grad][sync][report]") {
+  auto dp = dp_group();
+  const std::size_t layers = 4, per_layer = 1 << 20;  // 4 MiB of float per layer
+  synchronizer<weft::mpi_backend> sync(dp, {.bucket_bytes = per_layer * 4, .first_bucket_bytes = per_layer * 4,
+                                            .warn_if_not_overlapped = false});
+  for (std::size_t l = 0; l < layers; ++l) sync.add_param("layer" + std::to_string(l), per_layer);
+  sync.freeze();
+  REQUIRE(sync.plan().buckets().size() == layers);
+
+  SECTION("compute between the marks: reductions start during backward") {
+    for (std::size_t l = layers; l-- > 0;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));  // this layer's backward
+      sync.mark_ready(l);
+    }
+    sync.finish();
+    const auto& r = sync.last_report();
+    REQUIRE(r.overlap_expected);
+    REQUIRE(r.buckets[0].start_s < r.backward_s);
+    REQUIRE(r.buckets[0].start_s >= r.buckets[0].ready_s);
+    REQUIRE(r.buckets[0].end_s > r.buckets[0].start_s);
+    REQUIRE(r.hidden_s > 0);
+    REQUIRE_THAT(r.describe(), Catch::Contains("bucket") && Catch::Contains("exposed"));
+  }
+  SECTION("every mark at the end of backward: nothing hidden, a warning") {
+    std::this_thread::sleep_for(std::chrono::milliseconds(40));  // backward that marks nothing
+    for (std::size_t l = layers; l-- > 0;) sync.mark_ready(l);
+    sync.finish();
+    const auto& r = sync.last_report();
+    REQUIRE(r.hidden_s < 0.05 * r.comm_s);
+    REQUIRE_THAT(r.warning, Catch::Contains("hid"));
+  }
+}
+
+// ---- errors ------------------------------------------------------------------------------------
+
+TEST_CASE("a parameter marked twice in one step", "[grad][sync][errors]") {
+  auto dp = dp_group();
+  synchronizer<weft::mpi_backend> sync(dp, {.warn_if_not_overlapped = false});
+  register_params(sync, 5);
+  sync.mark_ready(4);
+  REQUIRE_THROWS_WITH(sync.mark_ready(4), Catch::Contains("'layer4'") && Catch::Contains("twice"));
+  REQUIRE_THROWS_WITH(sync.mark_ready(4, std::vector<float>(size_of_param(4))), Catch::Contains("twice"));
+  for (std::size_t p = 0; p < 4; ++p) sync.mark_ready(p);
+  REQUIRE(sync.finish());  // the step completes normally
+}
+
+TEST_CASE("a step finished with unmarked parameters names them, and no rank hangs", "[grad][sync][errors]") {
+  auto dp = dp_group();
+  const std::size_t n = 12;
+  SECTION("every rank forgot the same parameters") {
+    synchronizer<weft::mpi_backend> sync(dp, {.bucket_bytes = 128, .scale = scaling::sum,
+                                              .warn_if_not_overlapped = false});
+    register_params(sync, n);
+    for (std::size_t p = n; p-- > 0;)
+      if (p != 2 && p != 7) sync.mark_ready(p);
+    REQUIRE_THROWS_WITH(sync.finish(), Catch::Contains("2 of 12") && Catch::Contains("'layer2'") &&
+                                           Catch::Contains("'layer7'") && !Catch::Contains("'layer3'"));
+    // The synchronizer starts a fresh step afterwards.
+    sync.zero_grad();
+    for (std::size_t p = n; p-- > 0;) {
+      fill(sync, dp.rank(), p);
+      sync.mark_ready(p);
+    }
+    REQUIRE(sync.finish());
+    REQUIRE(sync.grad(7)[1] == static_cast<float>(summed(dp.size(), 7, 1)));
+  }
+  SECTION("one rank forgot: it throws, the others complete (local checks)") {
+    dp.set_checks(weft::check_level::local);
+    synchronizer<weft::mpi_backend> sync(dp, {.bucket_bytes = 128, .warn_if_not_overlapped = false});
+    register_params(sync, n);
+    for (std::size_t p = n; p-- > 0;)
+      if (!(dp.rank() == 0 && p == 5)) sync.mark_ready(p);
+    if (dp.rank() == 0)
+      REQUIRE_THROWS_WITH(sync.finish(), Catch::Contains("'layer5'"));
+    else
+      REQUIRE(sync.finish());
+  }
+  SECTION("one rank forgot: with communication checks every rank throws") {
+    dp.set_checks(weft::check_level::communication);
+    synchronizer<weft::mpi_backend> sync(dp, {.bucket_bytes = 128, .warn_if_not_overlapped = false});
+    register_params(sync, n);
+    for (std::size_t p = n; p-- > 0;)
+      if (!(dp.rank() == 0 && p == 5)) sync.mark_ready(p);
+    if (dp.rank() == 0)
+      REQUIRE_THROWS_WITH(sync.finish(), Catch::Contains("'layer5'"));
+    else
+      REQUIRE_THROWS_WITH(sync.finish(), Catch::Contains("marked ready") && Catch::Contains("disagree"));
+  }
+}
+
+TEST_CASE("registering after the plan is frozen, and using the buffer before", "[grad][sync][errors]") {
+  auto dp = dp_group();
+  synchronizer<weft::mpi_backend> sync(dp);
+  sync.add_param("a", 10);
+  REQUIRE_THROWS_WITH(sync.grad(0), Catch::Contains("before freeze()"));
+  REQUIRE_THROWS_WITH(sync.mark_ready(0), Catch::Contains("before freeze()"));
+  sync.freeze();
+  REQUIRE_THROWS_WITH(sync.add_param("late", 5), Catch::Contains("'late'") && Catch::Contains("frozen"));
+  REQUIRE_THROWS_WITH(sync.freeze(), Catch::Contains("twice"));
+  REQUIRE_THROWS_WITH(sync.mark_ready(3), Catch::Contains("no such parameter"));
+  REQUIRE_THROWS_WITH(sync.shard_segments(), Catch::Contains("shard_optimizer_state"));
+}
+
+TEST_CASE("a gradient of the wrong size", "[grad][sync][errors]") {
+  auto dp = dp_group();
+  synchronizer<weft::mpi_backend> sync(dp);
+  sync.add_param("embedding", 12);
+  sync.freeze();
+  std::vector<float> wrong(11, 1.0f);
+  REQUIRE_THROWS_WITH(sync.mark_ready(0, wrong), Catch::Contains("'embedding'") && Catch::Contains("11 elements") &&
+                                                     Catch::Contains("registered with 12"));
+  REQUIRE(sync.grad(0)[0] == 0.0f);  // nothing was added
+  sync.mark_ready(0, std::vector<float>(12, 1.0f));
+  REQUIRE(sync.finish());
+  REQUIRE(sync.grad(0)[0] == 1.0f);  // the mean of ones
+}
+
+TEST_CASE("ranks whose bucket plans differ are stopped before the first step", "[grad][sync][errors]") {
+  auto dp = dp_group();
+  SECTION("a size differs on the last rank") {
+    synchronizer<weft::mpi_backend> sync(dp);
+    sync.add_param("a", 10);
+    sync.add_param("b", dp.rank() == dp.size() - 1 ? 21 : 20);
+    REQUIRE_THROWS_WITH(sync.freeze(), Catch::Contains("bucket plan") && Catch::Contains("disagree") &&
+                                           Catch::Contains("ranks " + std::to_string(dp.size() - 1)));
+    REQUIRE_FALSE(sync.frozen());
+  }
+  SECTION("a bucket cap differs on rank 0") {
+    synchronizer<weft::mpi_backend> sync(dp, {.bucket_bytes = dp.rank() == 0 ? 4096u : 8192u});
+    sync.add_param("a", 10);
+    REQUIRE_THROWS_WITH(sync.freeze(), Catch::Contains("bucket plan"));
+  }
+  SECTION("accumulation windows differ") {
+    synchronizer<weft::mpi_backend> sync(dp, {.accumulation_steps = dp.rank() == 0 ? 2 : 4});
+    sync.add_param("a", 10);
+    REQUIRE_THROWS_WITH(sync.freeze(), Catch::Contains("accumulation"));
+  }
+}
+
+TEST_CASE("bad options and a forgotten token count", "[grad][sync][errors]") {
+  auto dp = dp_group();
+  REQUIRE_THROWS_WITH((synchronizer<weft::mpi_backend>(dp, {.accumulation_steps = 0})),
+                      Catch::Contains("accumulation_steps is 0"));
+  synchronizer<weft::mpi_backend> sync(dp, {.scale = scaling::token_count});
+  sync.add_param("a", 10);
+  sync.freeze();
+  REQUIRE_THROWS_WITH(sync.set_token_count(0), Catch::Contains("positive"));
+  std::fill(sync.grad(0).begin(), sync.grad(0).end(), 3.0f);
+  REQUIRE_THROWS_WITH(sync.reduce_all(), Catch::Contains("set_token_count"));
+  REQUIRE(sync.grad(0)[0] == 3.0f * static_cast<float>(dp.size()));  // reduced, left unscaled
+  synchronizer<weft::mpi_backend> mean(dp);
+  mean.add_param("a", 10);
+  mean.freeze();
+  REQUIRE_THROWS_WITH(mean.set_token_count(100), Catch::Contains("token_count"));
+}
