@@ -112,6 +112,9 @@ int main(int argc, char** argv) {
     const int rounds = std::max(1, std::stoi(option(argc, argv, "--rounds", "3")));
     const int warmup = std::stoi(option(argc, argv, "--warmup", "1"));
     const std::string ddp_script = option(argc, argv, "--ddp-script");
+    // Or DDP's result, measured by run.sh just before this run (DDP's ranks started from inside an
+    // MPI rank proved unreliable: one could die at start-up and leave the other waiting).
+    const std::string ddp_result = option(argc, argv, "--ddp-result");
     const std::string python = option(argc, argv, "--python", "/usr/bin/python3");
     const double bucket_mib = std::stod(option(argc, argv, "--bucket-mib", "25"));
     const double first_mib = std::stod(option(argc, argv, "--first-bucket-mib", "1"));
@@ -152,6 +155,17 @@ int main(int argc, char** argv) {
     variants.push_back({"weft", [&] { fill(weft_sum->grads().all(), 1.0f); }, [&] { weft_backward(*weft_sum); }, {}});
     variants.push_back(
         {"weft_mean", [&] { fill(weft_mean->grads().all(), 1.0f); }, [&] { weft_backward(*weft_mean); }, {}});
+    // Raw MPI on weft's own buckets, one blocking call each on the caller's thread: separates what
+    // the bucketing costs from what running the calls on the progress thread costs.
+    variants.push_back({"mpi_weft_buckets", [&] { fill(weft_sum->grads().all(), 1.0f); },
+                        [&] {
+                          for (std::size_t b = weft_sum->plan().buckets().size(); b-- > 0;) {
+                            auto slice = weft_sum->grads().bucket_slice(b);
+                            MPI_Allreduce(MPI_IN_PLACE, slice.data(), static_cast<int>(slice.size()), MPI_FLOAT,
+                                          MPI_SUM, raw);
+                          }
+                        },
+                        {}});
 
     // Extra weft configurations, to choose the defaults from measurements.
     std::vector<std::unique_ptr<sync_t>> swept;
@@ -176,10 +190,16 @@ int main(int argc, char** argv) {
     }
 
     std::vector<double> ddp_times, ddp_backward_only_times;
-    bool ddp_ok = !ddp_script.empty();
+    bool ddp_ok = !ddp_script.empty() || !ddp_result.empty();
+    if (!ddp_result.empty() && rank == 0) {
+      std::string text = read_text(ddp_result.c_str());
+      for (double t : json_numbers(text, "ddp_times")) ddp_times.push_back(t);
+      for (double t : json_numbers(text, "ddp_backward_only_times")) ddp_backward_only_times.push_back(t);
+      if (ddp_times.empty()) std::fprintf(stderr, "grad_sync: no DDP times in %s\n", ddp_result.c_str());
+    }
     const int per_round = std::max(1, iterations / rounds);
     for (int round = 0; round < rounds; ++round) {
-      if (ddp_ok) ddp_ok = run_ddp(raw, rank, python, ddp_script, ranks, per_round, ddp_times, ddp_backward_only_times);
+      if (ddp_ok && !ddp_script.empty()) ddp_ok = run_ddp(raw, rank, python, ddp_script, ranks, per_round, ddp_times, ddp_backward_only_times);
       for (int it = 0; it < (round == 0 ? warmup : 0) + per_round; ++it) {
         for (std::size_t k = 0; k < variants.size(); ++k) {
           variant& v = variants[(k + static_cast<std::size_t>(it)) % variants.size()];  // rotate who goes first

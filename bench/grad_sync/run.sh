@@ -18,9 +18,23 @@ done
 bench="$build/bench/grad_sync/weft_bench_grad_sync"
 [ -x "$bench" ] || { echo "run.sh: $bench is not built (cmake --build $build --target weft_bench_grad_sync)" >&2; exit 2; }
 
+iterations=12
+set -- $args
+while [ $# -gt 0 ]; do
+  case "$1" in --iterations) iterations=$2; shift 2 ;; *) shift ;; esac
+done
+
+# PyTorch DDP runs first, on its own (not from inside an MPI rank), right before weft and raw MPI,
+# and its result goes to the benchmark, which reports all of them side by side.
 ddp=""
 if /usr/bin/python3 -c "import torch" 2>/dev/null; then
-  ddp="--ddp-script $here/ddp_reference.py --python /usr/bin/python3"
+  result=$(mktemp /tmp/weft_ddp_XXXXXX)
+  if env GLOO_SOCKET_IFNAME=lo timeout -k 10 300 /usr/bin/python3 "$here/ddp_reference.py" --ranks "$ranks" \
+       --iterations "$iterations" --warmup 1 --json "$result"; then
+    ddp="--ddp-result $result"
+  else
+    echo "run.sh: the DDP reference failed; DDP is left out" >&2
+  fi
 else
   echo "run.sh: /usr/bin/python3 has no torch; DDP is left out" >&2
 fi

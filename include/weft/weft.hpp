@@ -13,6 +13,13 @@
 #include <weft/core/error.hpp>
 #include <weft/core/float16.hpp>
 #include <weft/core/reduce_op.hpp>
+#include <weft/grad/bucket_plan.hpp>
+#include <weft/grad/comm_hook.hpp>
+#include <weft/grad/flat_buffer.hpp>
+#include <weft/grad/options.hpp>
+#include <weft/grad/param_gather.hpp>
+#include <weft/grad/step_report.hpp>
+#include <weft/grad/synchronizer.hpp>
 #include <weft/layout/layout.hpp>
 #include <weft/layout/model_shape.hpp>
 #include <weft/layout/node_placement.hpp>
