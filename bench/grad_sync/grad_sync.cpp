@@ -1,14 +1,13 @@
 // Reducing GPT-2 small's 148 gradients (124,439,808 floats, 497.8 MB) over the ranks, side by side
 // in one run: weft's bucketed synchronizer against raw MPI (one flat MPI_Allreduce; one per
-// tensor) and PyTorch DDP (ddp_reference.py, when given: run.sh passes it if /usr/bin/python3 has
-// torch). The run is split into rounds; in each, rank 0 first runs DDP's ranks for a few
-// iterations while the MPI ranks wait without spinning, then the weft and MPI variants take
-// turns within every iteration. So load from other processes falls on every variant alike. The
-// time of an iteration is the slowest rank's; the table shows medians over all rounds.
+// tensor; one per weft bucket) and PyTorch DDP, whose result run.sh measures just before this run
+// and passes in (--ddp-result). The weft and MPI variants take turns within every iteration, in a
+// rotating order, so load from other processes falls on every variant alike. The time of an
+// iteration is the slowest rank's; the table shows medians over all rounds.
 //
+//   bench/grad_sync/run.sh BUILD_DIR [--iterations 12] [--rounds 3] [--json FILE]     (the usual way)
 //   mpirun -n 2 weft_bench_grad_sync [--iterations 12] [--rounds 3] [--warmup 1] [--json FILE]
-//          [--ddp-script bench/grad_sync/ddp_reference.py] [--python /usr/bin/python3]
-//          [--bucket-mib 25] [--first-bucket-mib 1] [--pad 128] [--sweep]
+//          [--ddp-result FILE] [--bucket-mib 25] [--first-bucket-mib 1] [--pad 128] [--sweep]
 #include <mpi.h>
 
 #include <weft/backend/mpi/backend.hpp>
@@ -19,10 +18,7 @@
 #include "gpt2_shapes.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdlib>
-#include <thread>
-#include <unistd.h>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -61,42 +57,6 @@ void weft_backward(sync_t& sync) {
   sync.finish();
 }
 
-// Rank 0 runs DDP's own ranks (`iterations` timed backward passes); the others wait in a barrier
-// that sleeps instead of spinning, so the DDP processes have the cores.
-bool run_ddp(MPI_Comm raw, int rank, const std::string& python, const std::string& script, int ranks, int iterations,
-             std::vector<double>& with_sync, std::vector<double>& backward_only) {
-  int ok = 1;
-  if (rank == 0) {
-    char path[] = "/tmp/weft_ddp_XXXXXX";
-    int fd = mkstemp(path);
-    if (fd >= 0) close(fd);
-    // A clean environment: DDP's processes inherit nothing from this MPI rank (a run that did
-    // inherit it once left a DDP rank spinning); and a time limit, so the benchmark cannot hang.
-    const char* search_path = std::getenv("PATH");
-    std::string command = "env -i PATH='" + std::string(search_path ? search_path : "/usr/bin:/bin") +
-                          "' GLOO_SOCKET_IFNAME=lo timeout -k 10 900 " + python + " " + script + " --ranks " +
-                          std::to_string(ranks) + " --iterations " + std::to_string(iterations) +
-                          " --warmup 1 --json " + path + " > /dev/null";
-    if (fd < 0 || std::system(command.c_str()) != 0) {
-      std::fprintf(stderr, "grad_sync: DDP reference failed: %s\n", command.c_str());
-      ok = 0;
-    } else {
-      std::string text = read_text(path);
-      for (double t : json_numbers(text, "ddp_times")) with_sync.push_back(t);
-      for (double t : json_numbers(text, "ddp_backward_only_times")) backward_only.push_back(t);
-    }
-    std::remove(path);
-  }
-  MPI_Request request = MPI_REQUEST_NULL;
-  MPI_Ibarrier(raw, &request);
-  for (int done = 0; !done;) {
-    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
-    if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  MPI_Bcast(&ok, 1, MPI_INT, 0, raw);
-  return ok != 0;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -111,11 +71,9 @@ int main(int argc, char** argv) {
     const int iterations = std::stoi(option(argc, argv, "--iterations", "12"));
     const int rounds = std::max(1, std::stoi(option(argc, argv, "--rounds", "3")));
     const int warmup = std::stoi(option(argc, argv, "--warmup", "1"));
-    const std::string ddp_script = option(argc, argv, "--ddp-script");
-    // Or DDP's result, measured by run.sh just before this run (DDP's ranks started from inside an
+    // DDP's result, measured by run.sh just before this run (DDP's ranks started from inside an
     // MPI rank proved unreliable: one could die at start-up and leave the other waiting).
     const std::string ddp_result = option(argc, argv, "--ddp-result");
-    const std::string python = option(argc, argv, "--python", "/usr/bin/python3");
     const double bucket_mib = std::stod(option(argc, argv, "--bucket-mib", "25"));
     const double first_mib = std::stod(option(argc, argv, "--first-bucket-mib", "1"));
     const std::size_t pad = std::stoul(option(argc, argv, "--pad", "128"));
@@ -190,7 +148,7 @@ int main(int argc, char** argv) {
     }
 
     std::vector<double> ddp_times, ddp_backward_only_times;
-    bool ddp_ok = !ddp_script.empty() || !ddp_result.empty();
+    const bool ddp_ok = !ddp_result.empty();
     if (!ddp_result.empty() && rank == 0) {
       std::string text = read_text(ddp_result.c_str());
       for (double t : json_numbers(text, "ddp_times")) ddp_times.push_back(t);
@@ -199,7 +157,6 @@ int main(int argc, char** argv) {
     }
     const int per_round = std::max(1, iterations / rounds);
     for (int round = 0; round < rounds; ++round) {
-      if (ddp_ok && !ddp_script.empty()) ddp_ok = run_ddp(raw, rank, python, ddp_script, ranks, per_round, ddp_times, ddp_backward_only_times);
       for (int it = 0; it < (round == 0 ? warmup : 0) + per_round; ++it) {
         for (std::size_t k = 0; k < variants.size(); ++k) {
           variant& v = variants[(k + static_cast<std::size_t>(it)) % variants.size()];  // rotate who goes first
@@ -246,7 +203,7 @@ int main(int argc, char** argv) {
                     *std::max_element(ddp_times.begin(), ddp_times.end()) * 1e3, bytes / ddp_s / 1e9, bytes / ddp_s / 1e9 * bus_factor, ddp_s / best_raw,
                     ddp_backward_only_s * 1e3);
       } else {
-        std::printf("%-18s (not run: no --ddp-script, or its python lacks torch; run.sh passes it)\n", "torch_ddp");
+        std::printf("%-18s (not run: no --ddp-result; run.sh measures DDP when /usr/bin/python3 has torch)\n", "torch_ddp");
       }
       double weft_s = median(variants[2].times);
       std::printf("# weft / best raw MPI = %.3f (target <= 1.10)", weft_s / best_raw);
