@@ -1,6 +1,6 @@
 // Catch2 main for multi-rank tests: MPI with MPI_THREAD_MULTIPLE (weft's progress threads need it),
-// the session on every rank, then one agreed exit code. Only rank 0 prints Catch2's summary unless
-// a rank failed, in which case that rank's report is printed too.
+// the session on every rank (each rank prints its own report), then one agreed exit code: the
+// maximum of the ranks' failure counts, so a failure on any rank fails the run on all of them.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
