@@ -21,6 +21,8 @@ function(weft_add_executable name)
   cmake_parse_arguments(arg "" "" "SOURCES;LIBS" ${ARGN})
   add_executable(${name} ${arg_SOURCES})
   target_link_libraries(${name} PRIVATE weft_warnings ${arg_LIBS})
+  # Command-line pieces shared by the programs (examples/common), not part of the library.
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/examples/common)
 endfunction()
 
 function(weft_add_unit_test name)

@@ -65,6 +65,8 @@
 #define WEFT_BENCH_NCCL 0
 #endif
 
+#include "command_line.hpp"
+
 namespace weft_bench {
 
 enum class collective { all_reduce, reduce, broadcast, all_gather, reduce_scatter, all_to_all, send_recv };
@@ -121,11 +123,8 @@ constexpr double bus_factor(collective k, int ranks) noexcept {
   return 1.0;
 }
 
-/// A mistake on the command line: reported once, with the usage, by rank 0.
-class usage_error : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
+using weft_programs::parse_bytes;
+using weft_programs::usage_error;
 
 struct options {
   std::size_t min_bytes = 8;
@@ -142,29 +141,6 @@ struct options {
   std::string json_path;
   bool help = false;
 };
-
-/// "8", "64K", "256M", "1G" (powers of 1024) to bytes.
-inline std::size_t parse_bytes(std::string_view flag, const std::string& text) {
-  std::size_t used = 0;
-  unsigned long long value = 0;
-  try {
-    if (text.empty() || text[0] == '-') throw std::invalid_argument("negative");
-    value = std::stoull(text, &used);
-  } catch (const std::exception&) {
-    throw usage_error(std::string(flag) + " expects a byte count such as 8, 64K, 256M or 1G, not '" + text + "'");
-  }
-  std::string_view suffix = std::string_view(text).substr(used);
-  unsigned shift = 0;
-  if (suffix == "K" || suffix == "k") shift = 10;
-  else if (suffix == "M" || suffix == "m") shift = 20;
-  else if (suffix == "G" || suffix == "g") shift = 30;
-  else if (!suffix.empty())
-    throw usage_error(std::string(flag) + ": unknown size suffix '" + std::string(suffix) + "' in '" + text +
-                      "' (use K, M or G)");
-  if (value > (std::numeric_limits<std::size_t>::max() >> shift))
-    throw usage_error(std::string(flag) + ": '" + text + "' is too large");
-  return static_cast<std::size_t>(value) << shift;
-}
 
 inline long parse_integer(std::string_view flag, const std::string& text, long low, long high) {
   std::size_t used = 0;

@@ -28,12 +28,12 @@
 #include <string_view>
 #include <vector>
 
+#include "command_line.hpp"
+
 namespace {
 
-class usage_error : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
+using weft_programs::parse_bytes;
+using weft_programs::usage_error;
 
 struct options {
   std::size_t min_bytes = 4;
@@ -61,24 +61,6 @@ constexpr const char* usage_text =
     "  --in-place       in-place all-reduce (MPI_IN_PLACE) instead of out-of-place\n"
     "  --enforce        exit 1 when a size misses the target\n"
     "  --json FILE      write [{\"ranks\", \"bytes\", \"weft_s\", \"raw_s\", \"ratio\", ...}]\n";
-
-std::size_t parse_bytes(const std::string& flag, const std::string& text) {
-  std::size_t used = 0;
-  unsigned long long value = 0;
-  try {
-    if (text.empty() || text[0] == '-') throw std::invalid_argument("negative");
-    value = std::stoull(text, &used);
-  } catch (const std::exception&) {
-    throw usage_error(flag + " expects a byte count such as 4, 64K, 256M or 1G, not '" + text + "'");
-  }
-  const std::string suffix = text.substr(used);
-  unsigned shift = 0;
-  if (suffix == "K" || suffix == "k") shift = 10;
-  else if (suffix == "M" || suffix == "m") shift = 20;
-  else if (suffix == "G" || suffix == "g") shift = 30;
-  else if (!suffix.empty()) throw usage_error(flag + ": unknown size suffix '" + suffix + "' (use K, M or G)");
-  return static_cast<std::size_t>(value) << shift;
-}
 
 long parse_integer(const std::string& flag, const std::string& text, long low, long high) {
   std::size_t used = 0;

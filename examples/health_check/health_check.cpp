@@ -45,12 +45,12 @@
 
 #include <unistd.h>
 
+#include "command_line.hpp"
+
 namespace {
 
-class usage_error : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
+using weft_programs::parse_bytes;
+using weft_programs::usage_error;
 
 struct options {
   std::size_t bytes = std::size_t{512} << 20;
@@ -76,24 +76,6 @@ constexpr const char* usage_text =
     "  --json FILE        also write the results as JSON\n"
     "The default thresholds are for 512 MiB over 64 H100 on 400 Gb/s InfiniBand; set your own for\n"
     "other sizes and hardware.\n";
-
-std::size_t parse_bytes(const std::string& flag, const std::string& text) {
-  std::size_t used = 0;
-  unsigned long long value = 0;
-  try {
-    if (text.empty() || text[0] == '-') throw std::invalid_argument("negative");
-    value = std::stoull(text, &used);
-  } catch (const std::exception&) {
-    throw usage_error(flag + " expects a byte count such as 512M, 64K or 1G, not '" + text + "'");
-  }
-  const std::string suffix = text.substr(used);
-  unsigned shift = 0;
-  if (suffix == "K" || suffix == "k") shift = 10;
-  else if (suffix == "M" || suffix == "m") shift = 20;
-  else if (suffix == "G" || suffix == "g") shift = 30;
-  else if (!suffix.empty()) throw usage_error(flag + ": unknown size suffix '" + suffix + "' (use K, M or G)");
-  return static_cast<std::size_t>(value) << shift;
-}
 
 int parse_count(const std::string& flag, const std::string& text, int low) {
   std::size_t used = 0;
