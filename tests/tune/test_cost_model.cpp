@@ -187,6 +187,28 @@ TEST_CASE("fp16 gradient buffers halve the gradient memory and the data-parallel
   CHECK(b.time.dp_comm > 0.45 * a.time.dp_comm);
 }
 
+TEST_CASE("a bf16 gradient copy kept beside the fp32 accumulation adds 2 bytes per parameter, unsharded") {
+  // DeepSpeed's bf16 optimizer (BLOOM): bf16 weights 2 + bf16 gradients 2 + fp32 gradients 4 +
+  // 12 / d of master weights and moments, i.e. 8 + 12/d instead of 6 + 12/d.
+  const cluster_desc cluster = dgx_cluster(*gpu_preset("A100-80GB"), 4);  // 32 GPUs
+  const layout l{.tp = 2, .dp = 16, .micro_batch = 1, .sharding_mode = sharding::optimizer};
+  const software_desc fused{.flash_attention = false, .sequence_parallel = false, .overlap_dp = false};
+  software_desc kept = fused;
+  kept.low_precision_gradient_bytes = 2;
+  const plan a = evaluate(gpt, cluster, {.global_batch = 64}, l, fused);
+  const plan b = evaluate(gpt, cluster, {.global_batch = 64}, l, kept);
+  const double per_gpu = param_count(gpt) / 2;
+  auto state = [](const plan& p) { return p.memory.weights + p.memory.gradients + p.memory.optimizer; };
+  CHECK(state(a) == Approx((6 + 12.0 / 16) * per_gpu));
+  CHECK(state(b) == Approx((8 + 12.0 / 16) * per_gpu));
+  // Sharding the fp32 gradients (ZeRO-2) leaves the kept bf16 copy whole: 2 + 4/d + 2 + 12/d.
+  layout z2 = l;
+  z2.sharding_mode = sharding::gradients;
+  CHECK(state(evaluate(gpt, cluster, {.global_batch = 64}, z2, kept)) == Approx((4 + 16.0 / 16) * per_gpu));
+  // Memory only: the reduction still moves the fp32 gradients, and the step time is unchanged.
+  CHECK(b.time.step == Approx(a.time.step));
+}
+
 TEST_CASE("usable memory: the device minus a fixed reserve, less the fragmentation margin") {
   const cluster_desc small = dgx_cluster(*gpu_preset("A100-40GB"), 1);
   const cluster_desc large = dgx_cluster(*gpu_preset("A100-80GB"), 1);

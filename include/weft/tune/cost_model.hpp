@@ -31,7 +31,7 @@ namespace weft::tune {
 /// Bytes per GPU on the busiest pipeline stage.
 struct memory_breakdown {
   double weights = 0;      ///< bf16 weights (plus gathered layers under full sharding)
-  double gradients = 0;    ///< gradient accumulation buffers (fp32, or fp16 where the software keeps them so)
+  double gradients = 0;    ///< gradient buffers (fp32, or fp16 where the software keeps them so; plus any kept bf16 copy)
   double optimizer = 0;    ///< fp32 master weights and Adam moments
   double activations = 0;  ///< stored activations of in-flight micro-batches (+ the recompute working set)
   double logits = 0;       ///< output logits and the loss's fp32 softmax (last stage)
@@ -217,7 +217,7 @@ class evaluator {
     const bool z3 = l.sharding_mode == sharding::full;
     auto state = [&](double params, memory_breakdown& mb) {
       mb.weights = 2 * params / (z3 ? d : 1.0) + (z3 && shard_group > 1 ? 2 * 2 * layer_params_ / t : 0.0);
-      mb.gradients = software_.gradient_bytes * params / (z2 ? d : 1.0);
+      mb.gradients = (software_.gradient_bytes / (z2 ? d : 1.0) + software_.low_precision_gradient_bytes) * params;
       mb.optimizer = 12 * params / (z1 ? d : 1.0);
     };
     double stored = c.act_none;

@@ -91,6 +91,13 @@ struct software_desc {
   /// accumulation (bf16 training, Megatron-Core, FSDP with fp32 reduce), 2 for fp16 training that
   /// keeps and reduces gradients in fp16 (Megatron-LM 2021, GPT-NeoX).
   int gradient_bytes = 4;
+  /// Bytes per parameter of the low-precision gradients the backward pass writes, where the
+  /// software keeps them beside the accumulation buffer for the whole step: 2 for DeepSpeed's bf16
+  /// optimizer (BLOOM's stack), which adds each micro-batch's bf16 gradients into separate fp32
+  /// copies; 0 where the backward pass accumulates straight into the buffer (Megatron's
+  /// gradient-accumulation fusion) or frees each gradient once it is added. Never sharded: the
+  /// software that keeps them shards the optimizer state only.
+  int low_precision_gradient_bytes = 0;
 };
 
 /// The job: how much data per step, how much in total, at what price.

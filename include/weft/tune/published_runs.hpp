@@ -65,17 +65,18 @@ inline bool contains(std::string_view text, std::string_view part) { return text
 /// optimizer sharding, dropout 0.1). MLM24: Megatron-Core of 2024 (fused attention, sequence
 /// parallelism, distributed optimizer, data- and tensor-parallel communication overlapped with
 /// compute, as its README states). BLOOM and NEOX:
-/// Megatron-DeepSpeed / GPT-NeoX of 2022 (ZeRO-1, plain 1F1B, no overlap, no fused attention).
+/// Megatron-DeepSpeed / GPT-NeoX of 2022 (ZeRO-1, plain 1F1B, no overlap, no fused attention;
+/// BLOOM's bf16 optimizer accumulates gradients in fp32 copies and keeps the bf16 ones too).
 /// TT: torchtitan of 2024 (FSDP2, fused attention, overlapped).
 inline software_desc software_of(std::string_view source) {
   if (source == "N21")
     return {.flash_attention = false, .sequence_parallel = false, .interleaved_schedule = true,
             .context_parallel = false, .overlap_dp = false, .max_sharding = sharding::none,
             .selective_recompute = false, .gradient_bytes = 2};
-  if (source == "BLOOM")
+  if (source == "BLOOM")  // DeepSpeed's bf16 optimizer: bf16 gradients kept beside their fp32 accumulation
     return {.flash_attention = false, .sequence_parallel = false, .interleaved_schedule = false,
             .context_parallel = false, .overlap_dp = false, .max_sharding = sharding::optimizer,
-            .selective_recompute = false, .gradient_bytes = 4};
+            .selective_recompute = false, .gradient_bytes = 4, .low_precision_gradient_bytes = 2};
   if (source == "NEOX")
     return {.flash_attention = false, .sequence_parallel = false, .interleaved_schedule = false,
             .context_parallel = false, .overlap_dp = false, .max_sharding = sharding::optimizer,
