@@ -11,11 +11,12 @@ Each time is the slowest rank's; the JSON holds medians.
 """
 import argparse
 import contextlib
+import datetime
 import json
 import os
-import socket
 import statistics
 import sys
+import tempfile
 import time
 
 
@@ -36,15 +37,16 @@ def gpt2_small_shapes():
     return shapes
 
 
-def worker(rank, ranks, port, iterations, warmup, result_path):
+def worker(rank, ranks, store_path, iterations, warmup, result_path):
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
     torch.set_num_threads(1)  # one core per rank, like the MPI ranks
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=ranks)
+    # Rendezvous through a file, not a TCP store on a port picked in advance: another process
+    # can take that port between the pick and the bind, and a rank then fails at start-up.
+    dist.init_process_group("gloo", init_method="file://" + store_path, rank=rank, world_size=ranks,
+                            timeout=datetime.timedelta(seconds=120))
 
     class Gpt2Parameters(torch.nn.Module):
         """GPT-2 small's parameters, registered in forward order; the loss touches each once."""
@@ -112,12 +114,6 @@ def worker(rank, ranks, port, iterations, warmup, result_path):
     dist.destroy_process_group()
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=2)
@@ -131,7 +127,9 @@ def main():
         print("ddp_reference.py: this python has no torch; run it with Debian's /usr/bin/python3", file=sys.stderr)
         return 2
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    mp.spawn(worker, args=(args.ranks, free_port(), args.iterations, args.warmup, args.json), nprocs=args.ranks)
+    with tempfile.TemporaryDirectory(prefix="weft_ddp_") as folder:
+        store = os.path.join(folder, "store")
+        mp.spawn(worker, args=(args.ranks, store, args.iterations, args.warmup, args.json), nprocs=args.ranks)
     with open(args.json) as f:
         result = json.load(f)
     print(f"torch DDP (gloo, 25 MB buckets, {args.ranks} ranks): backward with reduction "

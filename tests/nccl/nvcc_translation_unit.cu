@@ -3,6 +3,7 @@
 #include <weft/backend/nccl/backend.hpp>
 #include <weft/comm/communicator.hpp>
 #include <weft/core/dtype.hpp>
+#include <weft/grad/synchronizer.hpp>
 #include <weft/launch/device.hpp>
 #include <weft/launch/resolve.hpp>
 #if WEFT_HAS_MPI
@@ -22,6 +23,10 @@ __global__ void scale(float* data, float factor, int n) {
 }
 
 using world_type = weft::communicator<weft::nccl_backend>;
+
+// Every member of the device synchronizer compiles under nvcc.
+template class weft::grad::synchronizer<weft::nccl_backend, float>;
+template class weft::grad::synchronizer<weft::nccl_backend, weft::bfloat16>;
 
 int main() {
   // Host code only: this test runs without a GPU. It checks that host logic compiled by nvcc

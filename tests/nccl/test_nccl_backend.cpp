@@ -4,6 +4,8 @@
 // point, barrier, split, agreement checks, streams, destruction with pending work, timeout, abort.
 #include <catch2/catch.hpp>
 
+#include "gpu_test_support.hpp"
+
 #include <cuda_runtime_api.h>
 #include <mpi.h>
 
@@ -24,19 +26,9 @@ using Catch::Contains;
 
 namespace {
 
-using nccl_comm = weft::communicator<weft::nccl_backend>;
-
-// One world communicator for the whole run (building one costs far more than the tests); it
-// lives until the process exits.
-nccl_comm& world() {
-  static nccl_comm* comm = new nccl_comm(weft::nccl_world());
-  return *comm;
-}
-
-void cuda_ok(cudaError_t status) {
-  INFO(cudaGetErrorName(status) << ": " << cudaGetErrorString(status));
-  REQUIRE(status == cudaSuccess);
-}
+using weft_test::cuda_ok;
+using weft_test::nccl_comm;
+using weft_test::world;
 
 // Device memory holding n elements of T, filled from and read back into host vectors.
 template <class T>

@@ -68,6 +68,20 @@ concept backend_comm =
       { c.host_all_gather(local, gathered) } -> std::same_as<void>;
     };
 
+/// Where a backend's buffers live: host memory (MPI) or the memory of the communicator's GPU
+/// (NCCL). Code that owns buffers for a backend (the gradient synchronizer's flat buffer) asks
+/// this instead of the backend's name.
+enum class memory_space { host, device };
+
+/// A backend's memory space: `B::buffers` if it declares one, host memory otherwise.
+template <class B>
+constexpr memory_space buffer_memory_v = [] {
+  if constexpr (requires { B::buffers; })
+    return B::buffers;
+  else
+    return memory_space::host;
+}();
+
 /// A backend: a tag type naming its communicator and request types.
 template <class B>
 concept backend = requires {

@@ -51,6 +51,10 @@ class comm_hook {
 /// converts the result back. Keeps one staging buffer per bucket.
 template <backend B, element T, element Wire>
 class cast_hook final : public comm_hook<B, T> {
+  static_assert(buffer_memory_v<B> == memory_space::host,
+                "cast_hook converts on the host; with a GPU backend convert in a hook of your own that queues a "
+                "kernel on the communicator's stream");
+
  public:
   using request = typename B::request;
 

@@ -4,6 +4,12 @@
 /// and a slice per bucket. The synchronizer keeps gradients in one; a trainer that shards its
 /// optimizer state keeps its parameters in another with the same plan, so updated shards can be
 /// all-gathered in place.
+///
+/// `M` says where the elements live: host memory (the MPI backend's buffers) or the current
+/// CUDA device's memory (the NCCL backend's). Views of a device buffer are spans of device
+/// memory: pass them to kernels and to the backend, never dereference them on the host.
+
+#include <weft/config.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -12,47 +18,135 @@
 #include <string>
 #include <vector>
 
+#if WEFT_HAS_CUDA
+#include <cuda_runtime_api.h>
+
+#include <weft/backend/cuda/check.hpp>
+#include <weft/backend/cuda/device_memory.hpp>
+#endif
+
+#include <weft/backend/backend.hpp>
 #include <weft/core/dtype.hpp>
 #include <weft/core/error.hpp>
 #include <weft/grad/bucket_plan.hpp>
 
 namespace weft::grad {
 
+namespace detail {
+
+/// Owns `n` zeroed elements in memory space M.
+template <element T, memory_space M>
+class buffer_storage;
+
 template <element T>
+class buffer_storage<T, memory_space::host> {
+ public:
+  buffer_storage() = default;
+  explicit buffer_storage(std::size_t n) : data_(n, T{}) {}
+  T* data() noexcept { return data_.data(); }
+  const T* data() const noexcept { return data_.data(); }
+  void zero() noexcept { std::fill(data_.begin(), data_.end(), T{}); }
+
+ private:
+  std::vector<T> data_;
+};
+
+#if WEFT_HAS_CUDA
+template <element T>
+class buffer_storage<T, memory_space::device> {
+ public:
+  buffer_storage() = default;
+  explicit buffer_storage(std::size_t n) : memory_(n * sizeof(T)) {
+    if (n == 0) return;
+    WEFT_CHECK_CUDA(cudaMemset(memory_.data(), 0, memory_.bytes()));
+    // cudaMemset may return before it is done, and non-blocking streams (the communicator's, a
+    // trainer's compute stream) are not ordered after the default stream: wait here, once.
+    WEFT_CHECK_CUDA(cudaDeviceSynchronize());
+  }
+  T* data() noexcept { return static_cast<T*>(memory_.data()); }
+  const T* data() const noexcept { return static_cast<const T*>(memory_.data()); }
+  /// Zeroes the elements in `stream`'s order (all-zero bits are 0 in every floating-point type).
+  void zero(cudaStream_t stream) {
+    if (memory_.bytes() > 0) WEFT_CHECK_CUDA(cudaMemsetAsync(memory_.data(), 0, memory_.bytes(), stream));
+  }
+
+ private:
+  cuda::device_memory memory_;
+};
+#endif
+
+}  // namespace detail
+
+template <element T, memory_space M = memory_space::host>
 class flat_buffer {
  public:
+  static constexpr memory_space memory = M;
+
   flat_buffer() = default;
 
-  /// A zeroed buffer laid out by `plan` (whose element type must be T).
+  /// A zeroed buffer laid out by `plan` (whose element type must be T); a device buffer is
+  /// allocated on the current CUDA device.
   explicit flat_buffer(std::shared_ptr<const bucket_plan> plan) : plan_(std::move(plan)) {
     if (!plan_) fail("flat_buffer: no bucket plan given");
     if (plan_->type() != dtype_of<T>)
       fail("flat_buffer: the plan is for " + std::string(to_string(plan_->type())) + " but the buffer holds " +
            std::string(to_string(dtype_of<T>)));
-    data_.assign(plan_->total_elements(), T{});
+    size_ = plan_->total_elements();
+    storage_ = detail::buffer_storage<T, M>(size_);
   }
 
   const bucket_plan& plan() const noexcept { return *plan_; }
   std::shared_ptr<const bucket_plan> shared_plan() const noexcept { return plan_; }
 
   /// The whole buffer, padding included.
-  std::span<T> all() noexcept { return data_; }
-  std::span<const T> all() const noexcept { return data_; }
+  std::span<T> all() noexcept { return {storage_.data(), size_}; }
+  std::span<const T> all() const noexcept { return {storage_.data(), size_}; }
 
   /// The elements of parameter `param` (registration index).
-  std::span<T> view(std::size_t param) { return std::span<T>(data_).subspan(plan_->offset_of(param), count(param)); }
-  std::span<const T> view(std::size_t param) const {
-    return std::span<const T>(data_).subspan(plan_->offset_of(param), count(param));
-  }
+  std::span<T> view(std::size_t param) { return all().subspan(plan_->offset_of(param), count(param)); }
+  std::span<const T> view(std::size_t param) const { return all().subspan(plan_->offset_of(param), count(param)); }
 
   /// Bucket `index` as one slice, padding included.
   std::span<T> bucket_slice(std::size_t index) {
     const bucket& b = plan_->buckets()[index];
-    return std::span<T>(data_).subspan(b.offset, b.count);
+    return all().subspan(b.offset, b.count);
   }
 
   /// Sets every element (padding included) to zero.
-  void zero() noexcept { std::fill(data_.begin(), data_.end(), T{}); }
+  void zero() noexcept
+    requires(M == memory_space::host)
+  {
+    storage_.zero();
+  }
+
+#if WEFT_HAS_CUDA
+  /// Sets every element (padding included) to zero, in `stream`'s order.
+  void zero(cudaStream_t stream)
+    requires(M == memory_space::device)
+  {
+    storage_.zero(stream);
+  }
+
+  /// Copies `host` (the whole buffer's worth of elements) into the device buffer; complete when
+  /// it returns, so work on any stream queued afterwards sees the new values.
+  void upload(std::span<const T> host)
+    requires(M == memory_space::device)
+  {
+    check_host_size(host.size(), "upload");
+    if (size_ == 0) return;
+    WEFT_CHECK_CUDA(cudaMemcpy(storage_.data(), host.data(), host.size_bytes(), cudaMemcpyHostToDevice));
+    WEFT_CHECK_CUDA(cudaDeviceSynchronize());  // a pageable copy may return before its DMA ends
+  }
+
+  /// Copies the device buffer into `host` (room for the whole buffer); blocking. It is not
+  /// ordered after work on other streams: synchronize the streams that write the buffer first.
+  void download(std::span<T> host) const
+    requires(M == memory_space::device)
+  {
+    check_host_size(host.size(), "download");
+    if (size_ > 0) WEFT_CHECK_CUDA(cudaMemcpy(host.data(), storage_.data(), host.size_bytes(), cudaMemcpyDeviceToHost));
+  }
+#endif
 
  private:
   std::size_t count(std::size_t param) const {
@@ -62,8 +156,15 @@ class flat_buffer {
     return plan_->params()[param].count;
   }
 
+  void check_host_size(std::size_t n, const char* what) const {
+    if (n != size_)
+      fail(std::string("flat_buffer::") + what + ": the host span has " + std::to_string(n) +
+           " elements, the buffer " + std::to_string(size_) + " (padding included); pass a span of all().size() elements");
+  }
+
   std::shared_ptr<const bucket_plan> plan_;
-  std::vector<T> data_;
+  std::size_t size_ = 0;
+  detail::buffer_storage<T, M> storage_;
 };
 
 }  // namespace weft::grad

@@ -17,6 +17,15 @@
 /// of its parameters are marked and every earlier bucket has been issued: reductions go out in
 /// bucket order, the same on every rank, whatever order the ranks' backward passes mark
 /// parameters in. On the other micro-steps nothing is communicated.
+///
+/// On a GPU backend (NCCL) the buffer is device memory and nothing waits on the host: backward
+/// runs on a compute stream (`set_compute_stream`, default the default stream); a ready bucket's
+/// reduction is queued on the communicator's own stream behind an event recorded on the compute
+/// stream, so it reads the gradients only after the kernels that wrote them and runs beside the
+/// rest of backward; scaling is folded into the reduction (NCCL's pre-multiplied sum); finish()
+/// makes the compute stream wait for the reductions and returns at once, so the optimizer step
+/// queued next reads reduced gradients. Gradients are added into grad(p) by the trainer's own
+/// kernels.
 
 #include <algorithm>
 #include <chrono>
@@ -31,6 +40,12 @@
 #include <utility>
 #include <vector>
 
+#include <weft/config.hpp>
+
+#if WEFT_HAS_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 #include <weft/backend/backend.hpp>
 #include <weft/comm/communicator.hpp>
 #include <weft/core/dtype.hpp>
@@ -39,6 +54,7 @@
 #include <weft/grad/bucket_plan.hpp>
 #include <weft/grad/comm_hook.hpp>
 #include <weft/grad/detail/convert.hpp>
+#include <weft/grad/detail/device_timeline.hpp>
 #include <weft/grad/flat_buffer.hpp>
 #include <weft/grad/options.hpp>
 #include <weft/grad/param_gather.hpp>
@@ -65,14 +81,12 @@ struct shard_range {
 template <backend B, element T = float>
   requires(is_floating(dtype_of<T>))
 class synchronizer {
-  // The buffer, scaling and conversions are host memory and host loops today; device buffers,
-  // kernels and stream ordering are what an NCCL synchronizer still needs (docs/data_parallel.md).
-  static_assert(B::name != std::string_view("nccl"),
-                "weft::grad::synchronizer keeps gradients in host memory and does not support the NCCL backend yet");
-
  public:
   using request = typename B::request;
   using clock = std::chrono::steady_clock;
+  /// Whether gradients live in device memory (a GPU backend) rather than host memory.
+  static constexpr bool on_device = buffer_memory_v<B> == memory_space::device;
+  using buffer_type = flat_buffer<T, buffer_memory_v<B>>;
 
   /// A synchronizer over `group` (the dp or dp-cp group); the group must outlive it.
   explicit synchronizer(communicator<B>& group, sync_options options = {}) : group_(&group), options_(options) {
@@ -81,6 +95,10 @@ class synchronizer {
            "; it must be at least 1 (1: reduce every step)");
     if (options_.bucket_bytes == 0 || options_.first_bucket_bytes == 0)
       fail(where() + ": bucket_bytes and first_bucket_bytes must be positive");
+    if (on_device && options_.precision == reduce_precision::fp32 && detail::is_16bit_float_v<T>)
+      fail(where() + ": precision = fp32 converts 16-bit gradients on the host, but this backend's buffer is device "
+           "memory; keep the gradient buffer in float (synchronizer<B, float>) and let backward add its 16-bit "
+           "gradients into it, or reduce in the gradients' own type (precision = own)");
   }
 
   synchronizer(const synchronizer&) = delete;
@@ -120,7 +138,7 @@ class synchronizer {
         plan->fingerprint());
     group_->expect_same_on_all_ranks("the synchronizer options (sharding, accumulation, scaling, precision)", mode);
     plan_ = std::move(plan);
-    grads_ = flat_buffer<T>(plan_);
+    grads_ = buffer_type(plan_);
     const std::size_t buckets = plan_->buckets().size();
     marked_.assign(specs_.size(), 0);
     pending_.assign(buckets, 0);
@@ -131,8 +149,13 @@ class synchronizer {
     timings_.assign(buckets, {});
     reset_pending();
     build_shards();
-    if (options_.precision == reduce_precision::fp32 && detail::is_16bit_float_v<T>)
+    if constexpr (on_device) {
+#if WEFT_HAS_CUDA
+      timeline_ = detail::device_timeline(buckets);
+#endif
+    } else if (options_.precision == reduce_precision::fp32 && detail::is_16bit_float_v<T>) {
       hook_ = std::make_shared<cast_hook<B, T, float>>();
+    }
   }
 
   bool frozen() const noexcept { return plan_ != nullptr; }
@@ -151,11 +174,11 @@ class synchronizer {
 
   const bucket_plan& plan() const { return *checked_plan("plan()"); }
   std::shared_ptr<const bucket_plan> shared_plan() const { return checked_plan("shared_plan()"); }
-  flat_buffer<T>& grads() {
+  buffer_type& grads() {
     checked_plan("grads()");
     return grads_;
   }
-  /// The gradient of parameter `param`: backward adds into it.
+  /// The gradient of parameter `param`: backward adds into it (device memory on a GPU backend).
   std::span<T> grad(std::size_t param) {
     checked_plan("grad()");
     check_param(param, "grad");
@@ -170,13 +193,37 @@ class synchronizer {
   communicator<B>& group() noexcept { return *group_; }
   const sync_options& options() const noexcept { return options_; }
 
-  /// Zeroes the gradient buffer (after the optimizer step, before the next window).
+#if WEFT_HAS_CUDA
+  /// The stream backward (and the optimizer) run on; reductions are ordered after the work queued
+  /// on it, and it is made to wait for them at finish(). Default: the default stream.
+  void set_compute_stream(cudaStream_t stream)
+    requires on_device
+  {
+    if (in_window())
+      fail(where() + ": set_compute_stream() inside an accumulation window; set it between optimizer steps");
+    compute_ = stream;
+  }
+  cudaStream_t compute_stream() const noexcept
+    requires on_device
+  {
+    return compute_;
+  }
+#endif
+
+  /// Zeroes the gradient buffer (after the optimizer step, before the next window); on a GPU
+  /// backend, in the compute stream's order.
   void zero_grad() {
     checked_plan("zero_grad()");
     if (marked_count_ != 0)
       fail(where() + ": zero_grad() in the middle of a backward (" + std::to_string(marked_count_) +
            " parameters already marked ready); call it after finish()");
-    grads_.zero();
+    if constexpr (on_device) {
+#if WEFT_HAS_CUDA
+      grads_.zero(compute_);
+#endif
+    } else {
+      grads_.zero();
+    }
   }
 
   // ---- accumulation ------------------------------------------------------------------------
@@ -220,8 +267,11 @@ class synchronizer {
     }
   }
 
-  /// Adds `gradient` into grad(param), then marks it ready.
-  void mark_ready(std::size_t param, std::span<const T> gradient) {
+  /// Adds `gradient` into grad(param), then marks it ready. Host buffers only: on a GPU backend,
+  /// backward's kernels add into grad(param) themselves.
+  void mark_ready(std::size_t param, std::span<const T> gradient)
+    requires(!on_device)
+  {
     checked_plan("mark_ready()");
     check_param(param, "mark_ready");
     if (gradient.size() != specs_[param].count)
@@ -252,8 +302,20 @@ class synchronizer {
     return end_micro_step(false);
   }
 
-  /// The timing of the last reduced optimizer step.
-  const step_report& last_report() const noexcept { return report_; }
+  /// The timing of the last reduced optimizer step. On a GPU backend the times are the GPU's own
+  /// (events on the compute and communication streams), and asking waits until that step's
+  /// reductions have run.
+  const step_report& last_report() {
+    if constexpr (on_device) {
+#if WEFT_HAS_CUDA
+      if (timeline_.newest_unread()) {
+        drain_retired();
+        report_ = summarize(timeline_.read_newest(*plan_));
+      }
+#endif
+    }
+    return report_;
+  }
 
   // ---- sharded optimizer state (ZeRO-1) ----------------------------------------------------
 
@@ -277,8 +339,10 @@ class synchronizer {
 
   /// Starts gathering every rank's updated shard of `params` (a flat buffer with this
   /// synchronizer's plan) into every rank, bucket by bucket in forward order. Wait for a parameter
-  /// with `wait_for(p)` before the next forward reads it.
-  param_gather<B> gather_params_async(flat_buffer<T>& params) {
+  /// with `wait_for(p)` before the next forward reads it. On a GPU backend the gathers are queued
+  /// after the work on the compute stream (the optimizer step), and `wait_for(p)` makes the
+  /// compute stream wait, not the host.
+  param_gather<B> gather_params_async(buffer_type& params) {
     check_sharded("gather_params_async()");
     if (!params.shared_plan() || params.all().size() != grads_.all().size() ||
         params.plan().fingerprint() != plan_->fingerprint())
@@ -287,11 +351,22 @@ class synchronizer {
     if (marked_count_ != 0) fail(where() + ": gather_params during a backward; call it after finish()");
     const std::size_t buckets = plan_->buckets().size();
     std::vector<request> requests(buckets);
+    void* consumer = nullptr;
+    if constexpr (on_device) {
+#if WEFT_HAS_CUDA
+      // The updated shards were written on the compute stream.
+      cuda::event updated = cuda::event::create();
+      updated.record(compute_);
+      updated.make_wait(group_->native().stream());
+      consumer = compute_;
+#endif
+    }
     for (std::size_t b = buckets; b-- > 0;) requests[b] = group_->all_gather_in_place_async(params.bucket_slice(b));
-    return param_gather<B>(plan_, std::move(requests));
+    return param_gather<B>(plan_, std::move(requests), consumer);
   }
-  /// Gathers every rank's updated shard of `params` and waits.
-  void gather_params(flat_buffer<T>& params) { gather_params_async(params).wait(); }
+  /// Gathers every rank's updated shard of `params` and waits (on a GPU backend: the compute
+  /// stream waits).
+  void gather_params(buffer_type& params) { gather_params_async(params).wait(); }
 
  private:
   std::string where() const { return "gradient synchronizer on group '" + group_->name() + "'"; }
@@ -322,6 +397,15 @@ class synchronizer {
     start_ = clock::now();
     issue_s_ = 0;
     for (bucket_timing& t : timings_) t = {};
+    if constexpr (on_device) {
+#if WEFT_HAS_CUDA
+      if (!reduces_this_micro_step()) return;
+      poll_retired();
+      // The events of two steps ago are about to be reused: read them first (long done by now).
+      if (timeline_.next_set_unread(steps_)) report_ = summarize(timeline_.read(steps_, *plan_));
+      timeline_.begin(steps_, compute_);
+#endif
+    }
   }
 
   void reset_pending() {
@@ -357,7 +441,17 @@ class synchronizer {
     timings_[b].bucket = b;
     timings_[b].bytes = job.data.size_bytes();
     timings_[b].start_s = since_start();
+    if constexpr (on_device) {
+#if WEFT_HAS_CUDA
+      timeline_.bucket_ready(b, compute_, group_->native().stream());
+#endif
+    }
     requests_[b] = hook_ ? hook_->start(*group_, job) : start_direct(job);
+    if constexpr (on_device) {
+#if WEFT_HAS_CUDA
+      timeline_.bucket_issued(b, group_->native().stream());
+#endif
+    }
     issue_s_ += std::chrono::duration<double>(clock::now() - t).count();
   }
 
@@ -369,7 +463,19 @@ class synchronizer {
     if (job.scale == 1.0 / static_cast<double>(group_->size()) && group_->size() > 1) {
       op = reduce_op::avg;
     } else if (job.scale != 1.0) {
-      detail::scale_in_place<T>(job.data, job.scale);
+      if constexpr (on_device) {
+        // Folded into the reduction kernel: no pass over the bucket of its own.
+        auto& native = group_->native();
+        const std::size_t n = job.data.size();
+        if (!job.shard)
+          return native.all_reduce_scaled(job.data.data(), job.data.data(), n, dtype_of<T>, job.scale,
+                                          completion::async);
+        const std::size_t chunk = n / static_cast<std::size_t>(group_->size());
+        return native.reduce_scatter_scaled(job.data.data(), job.data.data() + group_->rank() * chunk, chunk,
+                                            dtype_of<T>, job.scale, completion::async);
+      } else {
+        detail::scale_in_place<T>(job.data, job.scale);
+      }
     }
     if (job.shard) return group_->reduce_scatter_in_place_async(job.data, op);
     return group_->all_reduce_async(job.data, op);
@@ -388,9 +494,26 @@ class synchronizer {
     timings_[b].end_s = since_start();
   }
 
-  /// Records buckets that have finished, oldest first (they finish in issue order).
+  /// Records buckets that have finished, oldest first (they finish in issue order). On a GPU
+  /// backend only failures are looked for: completion is the streams' business.
   void poll() {
-    while (next_complete_ < next_issue_ && requests_[next_complete_].test()) complete(next_complete_++);
+    if constexpr (on_device) {
+      for (std::size_t b = next_complete_; b < next_issue_; ++b) (void)requests_[b].test();
+    } else {
+      while (next_complete_ < next_issue_ && requests_[next_complete_].test()) complete(next_complete_++);
+    }
+  }
+
+  /// Drops the earlier steps' requests that have completed; a failed one throws here.
+  void poll_retired() {
+    std::size_t done = 0;
+    while (done < retired_.size() && retired_[done].test()) ++done;
+    retired_.erase(retired_.begin(), retired_.begin() + static_cast<std::ptrdiff_t>(done));
+  }
+
+  void drain_retired() {
+    for (request& r : retired_) r.wait();
+    retired_.clear();
   }
 
   bool end_micro_step(bool overlap_expected) {
@@ -403,7 +526,11 @@ class synchronizer {
       if (!marked_[p]) unmarked.push_back(p);
 
     bool token_count_missing = false;
-    if (last) {
+    if (last && on_device) {
+      while (next_issue_ < pending_.size()) issue(next_issue_++);
+      end_reduction_on_device(overlap_expected);
+      for (char d : deferred_) token_count_missing = token_count_missing || d != 0;
+    } else if (last) {
       // Issue every bucket, including those with unmarked parameters, so that the other ranks'
       // collectives find their partners; the error is raised after.
       while (next_issue_ < pending_.size()) issue(next_issue_++);
@@ -441,7 +568,7 @@ class synchronizer {
     reset_pending();
     micro_ = last ? 0 : micro_ + 1;
     if (last) {
-      build_report(overlap_expected, backward_end);
+      if constexpr (!on_device) build_report(overlap_expected, backward_end);
       ++steps_;
       token_count_.reset();
     }
@@ -459,10 +586,37 @@ class synchronizer {
            ". Mark every parameter once per backward (mark a parameter that got no gradient too).");
     }
     if (disagreement) throw *disagreement;
+    if (token_count_missing && on_device)
+      fail(where() + ": scaling::token_count, but set_token_count() was not called before the window's last "
+           "backward; on a GPU backend the division is folded into the reduction, so the count must be known "
+           "when the first bucket is reduced. The gradients are left unscaled (sums)");
     if (token_count_missing)
       fail(where() + ": scaling::token_count, but set_token_count() was not called before finish() of the "
            "window's last micro-step; the gradients are left unscaled (sums)");
     return last;
+  }
+
+  /// The end of a reducing micro-step on a GPU backend: hooks queue their epilogues, the compute
+  /// stream waits for the reductions, and the requests are kept (not waited for) until they are
+  /// seen complete, so the host can queue the next step at once.
+  void end_reduction_on_device(bool overlap_expected) {
+#if WEFT_HAS_CUDA
+    if constexpr (on_device) {
+      for (std::size_t b = next_complete_; b < requests_.size(); ++b)
+        if (hook_) hook_->complete(*group_, jobs_[b]);
+      next_complete_ = requests_.size();
+      // Backward's end first: recorded after the waits, it would include them.
+      timeline_.end_backward(compute_, overlap_expected, issue_s_);
+      for (request& r : requests_) {
+        r.make_stream_wait(compute_);
+        retired_.push_back(std::move(r));
+        r = request();
+      }
+      poll_retired();
+    }
+#else
+    (void)overlap_expected;
+#endif
   }
 
   void build_report(bool overlap_expected, double backward_end) {
@@ -473,16 +627,33 @@ class synchronizer {
     r.issue_s = issue_s_;
     r.finish_s = since_start() - backward_end;
     r.buckets = timings_;
+    report_ = summarize(std::move(r));
+  }
+
+  /// Totals and the overlap warning, from the per-bucket timings. On the host the caller paid for
+  /// issuing and for finish(); on a GPU the compute stream waits only for the reductions that
+  /// end after backward (issuing is host time that the GPU does not see).
+  step_report summarize(step_report r) {
+    const double backward_end = r.backward_s;
     std::vector<std::pair<double, double>> spans;
     std::size_t started_during_backward = 0;
-    for (const bucket_timing& t : timings_) {
+    double last_end = backward_end;
+    for (const bucket_timing& t : r.buckets) {
       spans.emplace_back(t.start_s, t.end_s);
       if (t.start_s < backward_end) ++started_during_backward;
+      last_end = std::max(last_end, t.end_s);
     }
     auto [comm, before] = detail::union_length(spans, backward_end);
     r.comm_s = comm;
-    r.exposed_s = r.issue_s + r.finish_s;
-    r.hidden_s = std::max(0.0, std::min(before - r.issue_s, comm));
+    if constexpr (on_device) {
+      r.finish_s = last_end - backward_end;
+      r.exposed_s = r.finish_s;
+      r.hidden_s = std::min(before, comm);
+    } else {
+      r.exposed_s = r.issue_s + r.finish_s;
+      r.hidden_s = std::max(0.0, std::min(before - r.issue_s, comm));
+    }
+    const bool overlap_expected = r.overlap_expected;
     if (overlap_expected && r.exposed_s > 1e-3 && r.hidden_s < 0.05 * r.comm_s) {
       if (started_during_backward == 0)
         r.warning = "overlap is on but hid no communication: every bucket started after backward ended; call "
@@ -497,7 +668,7 @@ class synchronizer {
         std::fprintf(stderr, "weft: %s: %s\n", where().c_str(), r.warning.c_str());
       }
     }
-    report_ = std::move(r);
+    return r;
   }
 
   void build_shards() {
@@ -520,7 +691,7 @@ class synchronizer {
   sync_options options_;
   std::vector<param_spec> specs_;
   std::shared_ptr<const bucket_plan> plan_;
-  flat_buffer<T> grads_;
+  buffer_type grads_;
   std::shared_ptr<comm_hook<B, T>> hook_;
 
   // the current micro-step
@@ -545,7 +716,13 @@ class synchronizer {
   std::vector<shard_range> shard_ranges_;
   std::vector<shard_segment> shard_segments_;
 
+#if WEFT_HAS_CUDA
+  cudaStream_t compute_ = nullptr;    ///< GPU backends: the stream gradients are produced on
+  detail::device_timeline timeline_;  ///< GPU backends: ordering and timing events
+#endif
+
   // Last: destroyed first, so in-flight requests finish while the buffer and hook still exist.
+  std::vector<request> retired_;  ///< GPU backends: earlier steps' reductions, not yet seen complete
   std::vector<request> requests_;
 };
 

@@ -31,6 +31,8 @@ namespace weft {
 
 struct mpi_backend {
   static constexpr std::string_view name = "mpi";
+  /// Buffers are host memory.
+  static constexpr memory_space buffers = memory_space::host;
 
   /// Move-only handle on an operation; an empty request is a completed one. It holds either a
   /// task of the progress thread (collectives) or posted MPI requests (point to point).

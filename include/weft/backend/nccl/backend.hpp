@@ -41,6 +41,7 @@
 #include <weft/backend/cuda/stream.hpp>
 #include <weft/backend/nccl/check.hpp>
 #include <weft/backend/nccl/datatypes.hpp>
+#include <weft/backend/nccl/detail/premul_sum.hpp>
 #include <weft/backend/nccl/detail/shared_state.hpp>
 #include <weft/backend/nccl/detail/stream_buffer.hpp>
 #include <weft/backend/nccl/group_guard.hpp>
@@ -76,6 +77,8 @@ inline std::string init_failure_context(int ranks, int rank) {
 
 struct nccl_backend {
   static constexpr std::string_view name = "nccl";
+  /// Buffers are device memory of the communicator's GPU.
+  static constexpr memory_space buffers = memory_space::device;
 
   using request = nccl::request;
 
@@ -211,6 +214,27 @@ struct nccl_backend {
       ncclComm_t h = handle();
       WEFT_CHECK_NCCL(ncclReduceScatter(send, recv, n, nccl_type(t), nccl_op(op), h, stream_), h);
       return finish("reduce_scatter", how);
+    }
+
+    /// The sum over ranks of `factor` x each rank's values (floating-point types): the scaling
+    /// runs inside the reduction kernel, with no pass over memory of its own. In place when
+    /// send == recv.
+    request all_reduce_scaled(const void* send, void* recv, std::size_t n, dtype t, double factor, completion how) {
+      auto on = enter("all_reduce_scaled");
+      ncclComm_t h = handle();
+      detail::nccl::premul_sum op(factor, t, h);
+      WEFT_CHECK_NCCL(ncclAllReduce(send, recv, n, nccl_type(t), op.op(), h, stream_), h);
+      return finish("all_reduce_scaled", how);
+    }
+
+    /// reduce_scatter of `factor` x each rank's values; in place when recv == send + rank·n.
+    request reduce_scatter_scaled(const void* send, void* recv, std::size_t n, dtype t, double factor,
+                                  completion how) {
+      auto on = enter("reduce_scatter_scaled");
+      ncclComm_t h = handle();
+      detail::nccl::premul_sum op(factor, t, h);
+      WEFT_CHECK_NCCL(ncclReduceScatter(send, recv, n, nccl_type(t), op.op(), h, stream_), h);
+      return finish("reduce_scatter_scaled", how);
     }
 
     /// `n` elements per peer. Grouped send/recv (what NCCL's own all-to-all does, and available in

@@ -1,0 +1,133 @@
+#pragma once
+/// \file
+/// The device side of a synchronizer step on a GPU backend: the events that order the
+/// communicator's stream after the stream that produces gradients (so a bucket's reduction reads
+/// its gradients only after the kernels that wrote them), and the timing of each step, measured
+/// by the GPU itself.
+///
+/// Two sets of events alternate between optimizer steps, so the host can run a step ahead of the
+/// GPU without waiting for the previous step's timings; a step's timing is read when the report
+/// is asked for, or when its set of events is needed again two steps later.
+
+#include <weft/config.hpp>
+
+#if WEFT_HAS_CUDA
+
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <cstddef>
+#include <vector>
+
+#include <weft/backend/cuda/event.hpp>
+#include <weft/grad/bucket_plan.hpp>
+#include <weft/grad/step_report.hpp>
+
+namespace weft::grad::detail {
+
+class device_timeline {
+ public:
+  device_timeline() = default;
+
+  /// Events for `buckets` buckets, on the current device.
+  explicit device_timeline(std::size_t buckets) {
+    for (step_events& set : sets_) {
+      set.begin = cuda::event::create(true);
+      set.backward_end = cuda::event::create(true);
+      for (std::size_t b = 0; b < buckets; ++b) {
+        set.ready.push_back(cuda::event::create(true));
+        set.start.push_back(cuda::event::create(true));
+        set.end.push_back(cuda::event::create(true));
+      }
+    }
+  }
+
+  /// Whether the set the next step will use still holds an unread step.
+  bool next_set_unread(std::size_t step) const { return sets_[step % 2].unread; }
+
+  /// The start of reducing step `step`'s backward, on the compute stream.
+  void begin(std::size_t step, cudaStream_t compute) {
+    current_ = step % 2;
+    step_events& set = sets_[current_];
+    set.step = step;
+    set.issued = 0;
+    set.begin.record(compute);
+  }
+
+  /// Bucket `b` is ready: the communication stream waits for what the compute stream has queued
+  /// so far (the kernels that produced the bucket's gradients), then marks the reduction's start.
+  void bucket_ready(std::size_t b, cudaStream_t compute, cudaStream_t communication) {
+    sets_[current_].ready[b].record(compute);
+    sets_[current_].ready[b].make_wait(communication);
+    sets_[current_].start[b].record(communication);
+  }
+
+  /// Bucket `b`'s reduction has been queued on the communication stream.
+  void bucket_issued(std::size_t b, cudaStream_t communication) {
+    sets_[current_].end[b].record(communication);
+    ++sets_[current_].issued;
+  }
+
+  /// Backward has ended on the compute stream (finish() of the reducing micro-step).
+  void end_backward(cudaStream_t compute, bool overlap_expected, double issue_s) {
+    sets_[current_].backward_end.record(compute);
+    sets_[current_].overlap_expected = overlap_expected;
+    sets_[current_].issue_s = issue_s;
+    sets_[current_].unread = true;
+  }
+
+  /// Whether the newest step's timing has not been read yet.
+  bool newest_unread() const { return sets_[current_].unread; }
+
+  /// Reads the timing of the set that step `step` used (blocks until its events have happened:
+  /// call it once the step's reductions are known to be complete or nearly so).
+  step_report read(std::size_t step, const bucket_plan& plan) { return read_set(sets_[step % 2], plan); }
+  /// Reads the newest step's timing.
+  step_report read_newest(const bucket_plan& plan) { return read_set(sets_[current_], plan); }
+
+ private:
+  struct step_events {
+    cuda::event begin, backward_end;
+    std::vector<cuda::event> ready, start, end;
+    std::size_t step = 0;
+    std::size_t issued = 0;
+    bool overlap_expected = false;
+    double issue_s = 0;
+    bool unread = false;
+  };
+
+  static double seconds(const cuda::event& from, const cuda::event& to) {
+    to.synchronize();
+    return static_cast<double>(to.elapsed_ms_since(from)) * 1e-3;
+  }
+
+  step_report read_set(step_events& set, const bucket_plan& plan) {
+    step_report r;
+    r.step = set.step;
+    r.overlap_expected = set.overlap_expected;
+    r.issue_s = set.issue_s;
+    r.backward_s = seconds(set.begin, set.backward_end);
+    double previous_end = r.backward_s;
+    for (std::size_t b = 0; b < set.issued; ++b) {
+      bucket_timing t;
+      t.bucket = b;
+      t.bytes = plan.buckets()[b].count * size_of(plan.type());
+      t.ready_s = seconds(set.begin, set.ready[b]);
+      t.start_s = seconds(set.begin, set.start[b]);
+      t.end_s = seconds(set.begin, set.end[b]);
+      // What the compute stream waited for this bucket after backward (buckets end in order).
+      t.exposed_s = t.end_s > previous_end ? t.end_s - previous_end : 0.0;
+      if (t.end_s > previous_end) previous_end = t.end_s;
+      r.buckets.push_back(t);
+    }
+    set.unread = false;
+    return r;
+  }
+
+  std::array<step_events, 2> sets_;
+  std::size_t current_ = 0;  ///< the set of the newest step
+};
+
+}  // namespace weft::grad::detail
+
+#endif  // WEFT_HAS_CUDA

@@ -1,0 +1,186 @@
+// The gradient synchronizer on the NCCL backend (label gpu: one GPU per rank). Backward is
+// simulated by kernels on a compute stream that spin before they add each gradient, so a
+// reduction that did not wait for its producer would read an unfinished buffer and the check
+// would fail. Expected values are computed on the host from the formula every rank's kernels use.
+#include <catch2/catch.hpp>
+
+#include "gpu_test_support.hpp"
+
+#include <cuda_runtime_api.h>
+#include <mpi.h>
+
+#include <weft/backend/nccl/backend.hpp>
+#include <weft/comm/communicator.hpp>
+#include <weft/grad/synchronizer.hpp>
+#include <weft/launch/nccl_bootstrap.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <string>
+#include <vector>
+
+using Catch::Contains;
+
+namespace {
+
+using weft_test::cuda_ok;
+using weft_test::nccl_comm;
+using weft_test::world;
+using device_sync = weft::grad::synchronizer<weft::nccl_backend, float>;
+
+// The gradient rank r's micro-step m adds to element i of parameter p (small integers and
+// halves: sums are exact in float).
+__host__ __device__ float contribution(int p, long i, int r, int m) {
+  return static_cast<float>(p + 1) + static_cast<float>(i % 7) * 0.5f + static_cast<float>(r) +
+         static_cast<float>(m) * 2.0f;
+}
+
+// Spins ~`delay` clock cycles, then adds this micro-step's gradient: a slow backward kernel.
+__global__ void slow_backward(float* grad, long n, int p, int r, int m, long long delay) {
+  long long start = clock64();
+  while (clock64() - start < delay) {
+  }
+  for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long>(gridDim.x) * blockDim.x)
+    grad[i] += contribution(p, i, r, m);
+}
+
+const std::vector<std::size_t> sizes = {5000, 70000, 3, 20000, 131};
+
+struct stream_holder {
+  cudaStream_t s = nullptr;
+  stream_holder() { cuda_ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+  ~stream_holder() { cudaStreamDestroy(s); }
+};
+
+void register_all(device_sync& sync) {
+  for (std::size_t p = 0; p < sizes.size(); ++p) {
+    std::string name = "layer";
+    name += std::to_string(p);
+    sync.add_param(std::move(name), sizes[p]);
+  }
+  sync.freeze();
+}
+
+// One backward: the last parameter's gradient first, each marked right after its kernel is queued.
+void backward(device_sync& sync, cudaStream_t compute, int micro) {
+  const int r = sync.group().rank();
+  for (std::size_t p = sizes.size(); p-- > 0;) {
+    std::span<float> g = sync.grad(p);
+    slow_backward<<<64, 256, 0, compute>>>(g.data(), static_cast<long>(g.size()), static_cast<int>(p), r, micro,
+                                           200000);
+    cuda_ok(cudaGetLastError());
+    sync.mark_ready(p);
+  }
+}
+
+double expected_sum(std::size_t p, long i, int ranks, int micro_steps) {
+  double s = 0;
+  for (int r = 0; r < ranks; ++r)
+    for (int m = 0; m < micro_steps; ++m) s += contribution(static_cast<int>(p), i, r, m);
+  return s;
+}
+
+std::vector<float> download(device_sync& sync, cudaStream_t compute) {
+  cuda_ok(cudaStreamSynchronize(compute));
+  std::vector<float> host(sync.grads().all().size());
+  sync.grads().download(host);
+  return host;
+}
+
+}  // namespace
+
+TEST_CASE("NCCL synchronizer: accumulation window, mean over dp x k, ordered after the compute stream") {
+  nccl_comm& dp = world();
+  stream_holder compute;
+  constexpr int k = 3;
+  device_sync sync(dp, {.bucket_bytes = 64 << 10, .first_bucket_bytes = 16 << 10, .accumulation_steps = k});
+  sync.set_compute_stream(compute.s);
+  register_all(sync);
+  REQUIRE(sync.plan().buckets().size() >= 3);
+  for (int step = 0; step < 2; ++step) {
+    for (int m = 0; m < k; ++m) {
+      backward(sync, compute.s, m);
+      REQUIRE(sync.finish() == (m == k - 1));
+    }
+    std::vector<float> host = download(sync, compute.s);
+    for (std::size_t p = 0; p < sizes.size(); ++p) {
+      const std::size_t at = sync.plan().offset_of(p);
+      for (std::size_t i = 0; i < sizes[p]; ++i) {
+        const double want = expected_sum(p, static_cast<long>(i), dp.size(), k) / (dp.size() * k);
+        if (std::abs(host[at + i] - want) > 1e-5 * std::abs(want)) {
+          INFO("step " << step << " parameter " << p << " element " << i);
+          REQUIRE(host[at + i] == Approx(want));
+        }
+      }
+    }
+    const weft::grad::step_report& report = sync.last_report();
+    REQUIRE(report.buckets.size() == sync.plan().buckets().size());
+    REQUIRE(report.backward_s > 0);
+    for (const auto& b : report.buckets) {
+      // GPU-side times: a reduction starts after its gradients were ready and ends after it starts.
+      REQUIRE(b.start_s >= b.ready_s - 1e-5);
+      REQUIRE(b.end_s >= b.start_s);
+    }
+    sync.zero_grad();
+  }
+}
+
+TEST_CASE("NCCL synchronizer: sharded, token-count scaling folded into the reduce-scatter; parameter gather") {
+  nccl_comm& dp = world();
+  stream_holder compute;
+  device_sync sync(dp, {.bucket_bytes = 64 << 10,
+                        .first_bucket_bytes = 16 << 10,
+                        .scale = weft::grad::scaling::token_count,
+                        .shard_optimizer_state = true});
+  sync.set_compute_stream(compute.s);
+  register_all(sync);
+  const double tokens = 96.0;
+  sync.set_token_count(tokens);
+  backward(sync, compute.s, 0);
+  REQUIRE(sync.finish());
+  std::vector<float> host = download(sync, compute.s);
+  for (const weft::grad::shard_segment& seg : sync.shard_segments())
+    for (std::size_t j = 0; j < seg.count; ++j) {
+      const long i = static_cast<long>(seg.param_offset + j);
+      const double want = expected_sum(seg.param, i, dp.size(), 1) / tokens;
+      if (std::abs(host[seg.buffer_offset + j] - want) > 1e-5 * std::abs(want)) {
+        INFO("parameter " << seg.param << " element " << i);
+        REQUIRE(host[seg.buffer_offset + j] == Approx(want));
+      }
+    }
+
+  // Each rank holds the "updated" values of its shard only; the gather gives every rank all of them.
+  device_sync::buffer_type params(sync.shared_plan());
+  std::vector<float> mine(params.all().size(), -1.0f);
+  for (const weft::grad::shard_range& range : sync.shard_ranges())
+    for (std::size_t j = 0; j < range.count; ++j)
+      mine[range.offset + j] = static_cast<float>((range.offset + j) % 1000);
+  params.upload(mine);
+  weft::grad::param_gather<weft::nccl_backend> gather = sync.gather_params_async(params);
+  gather.wait();  // the compute stream waits
+  cuda_ok(cudaStreamSynchronize(compute.s));
+  std::vector<float> all(params.all().size());
+  params.download(all);
+  for (std::size_t i = 0; i < all.size(); ++i)
+    if (all[i] != static_cast<float>(i % 1000)) {
+      INFO("element " << i);
+      REQUIRE(all[i] == static_cast<float>(i % 1000));
+    }
+}
+
+TEST_CASE("NCCL synchronizer: what a device buffer cannot do is refused with the way out") {
+  nccl_comm& dp = world();
+  REQUIRE_THROWS_WITH((weft::grad::synchronizer<weft::nccl_backend, weft::bfloat16>(
+                          dp, {.precision = weft::grad::reduce_precision::fp32})),
+                      Contains("keep the gradient buffer in float"));
+
+  // The token count arrives after the reduction was queued: every rank reports it, none hangs.
+  stream_holder compute;
+  device_sync sync(dp, {.scale = weft::grad::scaling::token_count});
+  sync.set_compute_stream(compute.s);
+  register_all(sync);
+  backward(sync, compute.s, 0);
+  REQUIRE_THROWS_WITH(sync.finish(), Contains("before the window's last backward"));
+  cuda_ok(cudaStreamSynchronize(compute.s));
+}
