@@ -124,6 +124,7 @@ constexpr double bus_factor(collective k, int ranks) noexcept {
 }
 
 using weft_programs::parse_bytes;
+using weft_programs::parse_integer;
 using weft_programs::usage_error;
 
 struct options {
@@ -141,20 +142,6 @@ struct options {
   std::string json_path;
   bool help = false;
 };
-
-inline long parse_integer(std::string_view flag, const std::string& text, long low, long high) {
-  std::size_t used = 0;
-  long value = 0;
-  try {
-    value = std::stol(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != text.size() || value < low || value > high)
-    throw usage_error(std::string(flag) + " expects an integer from " + std::to_string(low) + " to " +
-                      std::to_string(high) + ", not '" + text + "'");
-  return value;
-}
 
 inline weft::dtype parse_dtype(const std::string& text) {
   using weft::dtype;
@@ -244,14 +231,14 @@ inline options parse_options(collective k, int argc, char** argv) {
     switch (matched->short_name) {
       case 'b': o.min_bytes = parse_bytes("-b", value); break;
       case 'e': o.max_bytes = parse_bytes("-e", value); break;
-      case 'f': o.factor = static_cast<std::size_t>(parse_integer("-f", value, 1, 1 << 20)); break;
-      case 'n': o.iterations = static_cast<int>(parse_integer("-n", value, 1, 1 << 30)); break;
-      case 'w': o.warmup = static_cast<int>(parse_integer("-w", value, 0, 1 << 30)); break;
+      case 'f': o.factor = parse_integer<std::size_t>("-f", value, 1, 1 << 20); break;
+      case 'n': o.iterations = parse_integer("-n", value, 1, 1 << 30); break;
+      case 'w': o.warmup = parse_integer("-w", value, 0, 1 << 30); break;
       case 'c': o.check = parse_integer("-c", value, 0, 1) != 0; break;
       case 'd': o.type = parse_dtype(value); break;
       case 'o': o.op = parse_op(value); break;
-      case 'r': o.root = static_cast<int>(parse_integer("-r", value, 0, 1 << 30)); break;
-      case 'a': o.async = static_cast<int>(parse_integer("-a", value, 0, 1)); break;
+      case 'r': o.root = parse_integer("-r", value, 0, 1 << 30); break;
+      case 'a': o.async = parse_integer("-a", value, 0, 1); break;
       case 'h': o.help = true; break;
       default:
         if (name == "--backend") o.backend = value;
@@ -828,33 +815,18 @@ inline void resolve_backend(options& o) {
 /// element was right, 1 for wrong results or a usage mistake; a failure inside a collective
 /// aborts every rank (the others could otherwise wait for it forever).
 inline int perf_main(collective k, int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  int world_rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-  int status = 0;
-  try {
+  return weft_programs::mpi_main(program_name(k), usage(k), argc, argv, [&](int world_rank) {
     options o = parse_options(k, argc, argv);
     resolve_backend(o);
     if (o.help) {
       if (world_rank == 0) std::printf("%s", usage(k).c_str());
-    } else if (o.backend == "mpi") {
-      status = run_backend<weft::mpi_backend>(k, o);
-    } else {
-#if WEFT_BENCH_NCCL
-      status = run_backend<weft::nccl_backend>(k, o);
-#endif
+      return 0;
     }
-  } catch (const usage_error& e) {
-    if (world_rank == 0) std::fprintf(stderr, "%s: %s\n%s", program_name(k).data(), e.what(), usage(k).c_str());
-    status = 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s: rank %d: %s\n", program_name(k).data(), world_rank, e.what());
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 2);
-  }
-  MPI_Finalize();
-  return status;
+#if WEFT_BENCH_NCCL
+    if (o.backend == "nccl") return run_backend<weft::nccl_backend>(k, o);
+#endif
+    return run_backend<weft::mpi_backend>(k, o);
+  });
 }
 
 }  // namespace weft_bench

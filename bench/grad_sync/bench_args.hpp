@@ -7,10 +7,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <initializer_list>
 #include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "command_line.hpp"
 
 namespace weft_bench {
 
@@ -32,7 +35,22 @@ inline double max_over_ranks(double local, MPI_Comm comm) {
   return out;
 }
 
-/// Looks for `--name value`; returns `fallback` when absent.
+/// Throws weft_programs::usage_error unless every argument is one of `with_value` followed by its
+/// value, or one of `switches`: a misspelt option would otherwise be ignored, its default used.
+inline void check_arguments(int argc, char** argv, std::initializer_list<std::string_view> with_value,
+                            std::initializer_list<std::string_view> switches) {
+  auto listed = [](std::initializer_list<std::string_view> names, std::string_view arg) {
+    return std::find(names.begin(), names.end(), arg) != names.end();
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (listed(switches, arg)) continue;
+    if (!listed(with_value, arg)) throw weft_programs::usage_error("unknown option '" + std::string(arg) + "'");
+    if (++i >= argc) throw weft_programs::usage_error("option '" + std::string(arg) + "' needs a value");
+  }
+}
+
+/// The value after `--name`, or `fallback` when absent (check_arguments first).
 inline std::string option(int argc, char** argv, std::string_view name, std::string fallback = {}) {
   for (int i = 1; i + 1 < argc; ++i)
     if (name == argv[i]) return argv[i + 1];

@@ -57,28 +57,55 @@ void weft_backward(sync_t& sync) {
   sync.finish();
 }
 
+constexpr const char* usage_text =
+    "usage: mpirun -n RANKS weft_bench_grad_sync [options]   (bench/grad_sync/run.sh adds PyTorch DDP)\n"
+    "  --iterations N          timed iterations, all rounds together [12]\n"
+    "  --rounds N              rounds the iterations are split into [3]\n"
+    "  --warmup N              untimed iterations before the first round [1]\n"
+    "  --bucket-mib X          weft's bucket cap in MiB [25]\n"
+    "  --first-bucket-mib X    weft's first bucket cap in MiB [1]\n"
+    "  --pad N                 weft pads buckets to multiples of N elements [128]\n"
+    "  --sweep                 also time other bucket caps and paddings\n"
+    "  --ddp-result FILE       PyTorch DDP's times, as run.sh measures them\n"
+    "  --json FILE             write the results as JSON\n";
+
+int parse_count(std::string_view name, int argc, char** argv, const char* fallback, int low) {
+  return weft_programs::parse_integer(name, option(argc, argv, name, fallback), low, 1 << 20);
+}
+
+double parse_mib(std::string_view name, int argc, char** argv, const char* fallback) {
+  return weft_programs::parse_real(name, option(argc, argv, name, fallback), 1.0 / 1024, 1 << 20);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  int exit_code = 0;
-  {
+  return weft_programs::mpi_main("weft_bench_grad_sync", usage_text, argc, argv, [&](int world_rank) {
+    check_arguments(argc, argv,
+                    {"--iterations", "--rounds", "--warmup", "--ddp-result", "--bucket-mib", "--first-bucket-mib",
+                     "--pad", "--json"},
+                    {"--sweep", "--help", "-h"});
+    if (flag(argc, argv, "--help") || flag(argc, argv, "-h")) {
+      if (world_rank == 0) std::printf("%s", usage_text);
+      return 0;
+    }
+    const int iterations = parse_count("--iterations", argc, argv, "12", 1);
+    const int rounds = parse_count("--rounds", argc, argv, "3", 1);
+    const int warmup = parse_count("--warmup", argc, argv, "1", 0);
+    // DDP's result, measured by run.sh just before this run (DDP's ranks started from inside an
+    // MPI rank proved unreliable: one could die at start-up and leave the other waiting).
+    const std::string ddp_result = option(argc, argv, "--ddp-result");
+    const double bucket_mib = parse_mib("--bucket-mib", argc, argv, "25");
+    const double first_mib = parse_mib("--first-bucket-mib", argc, argv, "1");
+    const std::size_t pad = static_cast<std::size_t>(parse_count("--pad", argc, argv, "128", 0));
+    const std::string json_path = option(argc, argv, "--json");
+    const bool sweep = flag(argc, argv, "--sweep");
+
+    int exit_code = 0;
     comm_t dp(weft::mpi_backend::comm::world(), "dp");
     MPI_Comm raw = MPI_COMM_NULL;
     MPI_Comm_dup(MPI_COMM_WORLD, &raw);
     const int rank = dp.rank(), ranks = dp.size();
-    const int iterations = std::stoi(option(argc, argv, "--iterations", "12"));
-    const int rounds = std::max(1, std::stoi(option(argc, argv, "--rounds", "3")));
-    const int warmup = std::stoi(option(argc, argv, "--warmup", "1"));
-    // DDP's result, measured by run.sh just before this run (DDP's ranks started from inside an
-    // MPI rank proved unreliable: one could die at start-up and leave the other waiting).
-    const std::string ddp_result = option(argc, argv, "--ddp-result");
-    const double bucket_mib = std::stod(option(argc, argv, "--bucket-mib", "25"));
-    const double first_mib = std::stod(option(argc, argv, "--first-bucket-mib", "1"));
-    const std::size_t pad = std::stoul(option(argc, argv, "--pad", "128"));
-    const std::string json_path = option(argc, argv, "--json");
-    const bool sweep = flag(argc, argv, "--sweep");
 
     const auto shapes = gpt2_small_shapes();
     std::size_t total = 0;
@@ -222,7 +249,6 @@ int main(int argc, char** argv) {
     }
     if (!correct) exit_code = 1;
     MPI_Comm_free(&raw);
-  }
-  MPI_Finalize();
-  return exit_code;
+    return exit_code;
+  });
 }

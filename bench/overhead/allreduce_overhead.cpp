@@ -33,6 +33,7 @@
 namespace {
 
 using weft_programs::parse_bytes;
+using weft_programs::parse_integer;
 using weft_programs::usage_error;
 
 struct options {
@@ -62,20 +63,6 @@ constexpr const char* usage_text =
     "  --enforce        exit 1 when a size misses the target\n"
     "  --json FILE      write [{\"ranks\", \"bytes\", \"weft_s\", \"raw_s\", \"ratio\", ...}]\n";
 
-long parse_integer(const std::string& flag, const std::string& text, long low, long high) {
-  std::size_t used = 0;
-  long value = 0;
-  try {
-    value = std::stol(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != text.size() || value < low || value > high)
-    throw usage_error(flag + " expects an integer from " + std::to_string(low) + " to " + std::to_string(high) +
-                      ", not '" + text + "'");
-  return value;
-}
-
 options parse(int argc, char** argv) {
   options o;
   for (int i = 1; i < argc; ++i) {
@@ -86,11 +73,11 @@ options parse(int argc, char** argv) {
     };
     if (arg == "-b") o.min_bytes = parse_bytes(arg, value());
     else if (arg == "-e") o.max_bytes = parse_bytes(arg, value());
-    else if (arg == "-f") o.factor = static_cast<std::size_t>(parse_integer(arg, value(), 2, 1 << 20));
+    else if (arg == "-f") o.factor = parse_integer<std::size_t>(arg, value(), 2, 1 << 20);
     else if (arg == "--budget") o.budget_bytes = parse_bytes(arg, value());
-    else if (arg == "--min-reps") o.min_reps = static_cast<int>(parse_integer(arg, value(), 1, 1 << 24));
-    else if (arg == "--max-reps") o.max_reps = static_cast<int>(parse_integer(arg, value(), 1, 1 << 24));
-    else if (arg == "--warmup") o.warmup = static_cast<int>(parse_integer(arg, value(), 0, 1 << 20));
+    else if (arg == "--min-reps") o.min_reps = parse_integer(arg, value(), 1, 1 << 24);
+    else if (arg == "--max-reps") o.max_reps = parse_integer(arg, value(), 1, 1 << 24);
+    else if (arg == "--warmup") o.warmup = parse_integer(arg, value(), 0, 1 << 20);
     else if (arg == "--in-place") o.in_place = true;
     else if (arg == "--enforce") o.enforce = true;
     else if (arg == "--json") o.json_path = value();
@@ -269,25 +256,12 @@ int run(const options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  int status = 0;
-  try {
+  return weft_programs::mpi_main("allreduce_overhead", usage_text, argc, argv, [&](int rank) {
     const options o = parse(argc, argv);
     if (o.help) {
       if (rank == 0) std::printf("%s", usage_text);
-    } else {
-      status = run(o);
+      return 0;
     }
-  } catch (const usage_error& e) {
-    if (rank == 0) std::fprintf(stderr, "allreduce_overhead: %s\n%s", e.what(), usage_text);
-    status = 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "allreduce_overhead: rank %d: %s\n", rank, e.what());
-    MPI_Abort(MPI_COMM_WORLD, 2);
-  }
-  MPI_Finalize();
-  return status;
+    return run(o);
+  });
 }

@@ -36,6 +36,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <span>
 #include <stdexcept>
@@ -50,6 +51,8 @@
 namespace {
 
 using weft_programs::parse_bytes;
+using weft_programs::parse_integer;
+using weft_programs::parse_real;
 using weft_programs::usage_error;
 
 struct options {
@@ -77,31 +80,10 @@ constexpr const char* usage_text =
     "The default thresholds are for 512 MiB over 64 H100 on 400 Gb/s InfiniBand; set your own for\n"
     "other sizes and hardware.\n";
 
-int parse_count(const std::string& flag, const std::string& text, int low) {
-  std::size_t used = 0;
-  long value = 0;
-  try {
-    value = std::stol(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != text.size() || value < low || value > (1 << 24))
-    throw usage_error(flag + " expects a whole number of at least " + std::to_string(low) + ", not '" + text + "'");
-  return static_cast<int>(value);
-}
-
-double parse_ms(const std::string& flag, const std::string& text) {
-  std::size_t used = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != text.size() || !(value > 0))
-    throw usage_error(flag + " expects a positive time in milliseconds, not '" + text + "'");
-  return value;
-}
+// Rounds: up to 2^24, far beyond any useful check. Thresholds: from a nanosecond up.
+constexpr int most_rounds = 1 << 24;
+constexpr double least_threshold_ms = 1e-6;
+constexpr double most_threshold_ms = std::numeric_limits<double>::max();
 
 options parse(int argc, char** argv) {
   options o;
@@ -120,11 +102,11 @@ options parse(int argc, char** argv) {
       return argv[++i];
     };
     if (arg == "--bytes") o.bytes = parse_bytes(arg, next());
-    else if (arg == "--warmup") o.warmup = parse_count(arg, next(), 0);
-    else if (arg == "--rounds") o.rounds = parse_count(arg, next(), 1);
-    else if (arg == "--expect-ms") o.expect_ms = parse_ms(arg, next());
-    else if (arg == "--fail-ms") o.fail_ms = parse_ms(arg, next());
-    else if (arg == "--host-rounds") o.host_rounds = parse_count(arg, next(), 0);
+    else if (arg == "--warmup") o.warmup = parse_integer(arg, next(), 0, most_rounds);
+    else if (arg == "--rounds") o.rounds = parse_integer(arg, next(), 1, most_rounds);
+    else if (arg == "--expect-ms") o.expect_ms = parse_real(arg, next(), least_threshold_ms, most_threshold_ms);
+    else if (arg == "--fail-ms") o.fail_ms = parse_real(arg, next(), least_threshold_ms, most_threshold_ms);
+    else if (arg == "--host-rounds") o.host_rounds = parse_integer(arg, next(), 0, most_rounds);
     else if (arg == "--backend") o.backend = next();
     else if (arg == "--json") o.json_path = next();
     else if (arg == "-h" || arg == "--help") o.help = true;
@@ -530,40 +512,29 @@ int run(const options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  int status = 0;
-  try {
-    const options o = parse(argc, argv);
-    if (o.help) {
-      if (rank == 0) std::printf("%s", usage_text);
-    } else {
-      std::string backend = o.backend;
-      if (backend == "auto") {
-        int gpu = 0;  // nccl only when every rank sees a GPU
+  constexpr int exit_aborted = 4;  // the exit statuses: at the top of this file
+  return weft_programs::mpi_main(
+      "health_check", usage_text, argc, argv,
+      [&](int rank) {
+        const options o = parse(argc, argv);
+        if (o.help) {
+          if (rank == 0) std::printf("%s", usage_text);
+          return 0;
+        }
+        std::string backend = o.backend;
+        if (backend == "auto") {
+          int gpu = 0;  // nccl only when every rank sees a GPU
 #if WEFT_HAS_NCCL
-        int devices = 0;
-        gpu = cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0 ? 1 : 0;
+          int devices = 0;
+          gpu = cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0 ? 1 : 0;
 #endif
-        MPI_Allreduce(MPI_IN_PLACE, &gpu, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-        backend = gpu != 0 ? "nccl" : "mpi";
-      }
+          MPI_Allreduce(MPI_IN_PLACE, &gpu, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+          backend = gpu != 0 ? "nccl" : "mpi";
+        }
 #if WEFT_HAS_NCCL
-      if (backend == "nccl") status = run<weft::nccl_backend>(o);
-      else status = run<weft::mpi_backend>(o);
-#else
-      status = run<weft::mpi_backend>(o);
+        if (backend == "nccl") return run<weft::nccl_backend>(o);
 #endif
-    }
-  } catch (const usage_error& e) {
-    if (rank == 0) std::fprintf(stderr, "health_check: %s\n%s", e.what(), usage_text);
-    status = 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "health_check: rank %d: %s\n", rank, e.what());
-    MPI_Abort(MPI_COMM_WORLD, 4);
-  }
-  MPI_Finalize();
-  return status;
+        return run<weft::mpi_backend>(o);
+      },
+      exit_aborted);
 }

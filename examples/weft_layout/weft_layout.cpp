@@ -12,7 +12,8 @@
 #include <weft/layout/model_shape.hpp>
 #include <weft/layout/node_placement.hpp>
 
-#include <charconv>
+#include "command_line.hpp"
+
 #include <cstdint>
 #include <cstdio>
 #include <iostream>
@@ -41,9 +42,8 @@ constexpr std::string_view usage_text =
     "first (default tp-cp-ep-dp-pp). Model sizes, when given, are checked against the degrees.\n"
     "Exit status: 0 valid, 1 invalid layout or model, 2 bad command line.\n";
 
-struct usage_error {
-  std::string message;
-};
+using weft_programs::parse_integer;
+using weft_programs::usage_error;
 
 struct options {
   wl::layout_spec spec;
@@ -55,22 +55,9 @@ struct options {
   std::vector<std::string> degree_problems;
 };
 
-std::int64_t parse_integer(std::string_view flag, std::string_view text) {
-  std::int64_t value = 0;
-  const char* end = text.data() + text.size();
-  auto [ptr, ec] = std::from_chars(text.data(), end, value);
-  if (text.empty() || ec != std::errc{} || ptr != end) {
-    throw usage_error{std::string(flag) + " needs an integer, got '" + std::string(text) + "'"};
-  }
-  return value;
-}
-
+// Any int: degrees, sizes and ranks out of their range are reported with the layout's problems.
 int parse_int(std::string_view flag, std::string_view text) {
-  std::int64_t value = parse_integer(flag, text);
-  if (value < std::numeric_limits<int>::min() || value > std::numeric_limits<int>::max()) {
-    throw usage_error{std::string(flag) + " " + std::string(text) + " is out of range"};
-  }
-  return static_cast<int>(value);
+  return parse_integer(flag, text, std::numeric_limits<int>::min(), std::numeric_limits<int>::max());
 }
 
 options parse_arguments(int argc, char** argv) {
@@ -86,11 +73,11 @@ options parse_arguments(int argc, char** argv) {
     }
     auto value = [&]() -> std::string_view {
       if (inline_value) return *inline_value;
-      if (i + 1 >= argc) throw usage_error{std::string(flag) + " needs a value"};
+      if (i + 1 >= argc) throw usage_error(std::string(flag) + " needs a value");
       return argv[++i];
     };
     auto flag_only = [&] {
-      if (inline_value) throw usage_error{std::string(flag) + " takes no value"};
+      if (inline_value) throw usage_error(std::string(flag) + " takes no value");
     };
     // An explicit degree of 0 would otherwise mean "derive" for dp and expert-tp.
     auto degree = [&](std::string_view name) {
@@ -137,12 +124,13 @@ options parse_arguments(int argc, char** argv) {
     } else if (flag == "--experts") {
       opts.model.experts = parse_int(flag, value());
     } else if (flag == "--seq-length") {
-      opts.model.seq_length = parse_integer(flag, value());
+      opts.model.seq_length = parse_integer(flag, value(), std::numeric_limits<std::int64_t>::min(),
+                                             std::numeric_limits<std::int64_t>::max());
     } else {
-      throw usage_error{"unknown option '" + std::string(arg) + "'"};
+      throw usage_error("unknown option '" + std::string(arg) + "'");
     }
   }
-  if (!opts.help && !have_world) throw usage_error{"--world-size is required: the number of ranks in the job"};
+  if (!opts.help && !have_world) throw usage_error("--world-size is required: the number of ranks in the job");
   return opts;
 }
 
@@ -338,7 +326,7 @@ int main(int argc, char** argv) {
   try {
     opts = parse_arguments(argc, argv);
   } catch (const usage_error& e) {
-    std::cerr << "weft-layout: " << e.message << "\n\n" << usage_text;
+    std::cerr << "weft-layout: " << e.what() << "\n\n" << usage_text;
     return exit_usage;
   }
   if (opts.help) {

@@ -1,9 +1,11 @@
 // weft-plan: picks TP / CP / PP / DP, virtual stages, micro-batch, recomputation and sharding for a
 // transformer on a cluster, from weft's cost model, and explains the choice. See docs/tuning.md.
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <string>
 #include <string_view>
@@ -12,6 +14,8 @@
 #include <weft/core/error.hpp>
 #include <weft/tune/published_runs.hpp>
 #include <weft/tune/report.hpp>
+
+#include "command_line.hpp"
 
 namespace {
 
@@ -46,23 +50,17 @@ exit status: 0 ok, 2 bad input or invalid layout, 3 nothing fits in memory
   std::exit(exit_bad_input);
 }
 
-double parse_number(std::string_view flag, const std::string& text) {
-  char* end = nullptr;
-  double value = std::strtod(text.c_str(), &end);
-  if (end == text.c_str()) bad_input(std::string(flag) + " needs a number, got '" + text + "'");
-  std::string_view suffix(end);
-  if (suffix == "K" || suffix == "k") value *= 1e3;
-  else if (suffix == "M") value *= 1e6;
-  else if (suffix == "B" || suffix == "G") value *= 1e9;
-  else if (suffix == "T") value *= 1e12;
-  else if (!suffix.empty()) bad_input(std::string(flag) + ": unknown suffix in '" + text + "' (use K, M, B, T)");
-  return value;
+// Numbers take a decimal suffix: 7B parameters, 15T tokens, 32K sequences.
+constexpr weft_programs::unit_suffix decimal_suffixes[] = {{"K", 1e3}, {"k", 1e3}, {"M", 1e6},
+                                                           {"B", 1e9}, {"G", 1e9}, {"T", 1e12}};
+
+double parse_number(std::string_view flag, const std::string& text, double low = 0) {
+  return weft_programs::parse_real(flag, text, low, std::numeric_limits<double>::max(), decimal_suffixes);
 }
 
 int parse_count(std::string_view flag, const std::string& text) {
-  const double v = parse_number(flag, text);
-  if (v < 1 || v > 1e9 || v != static_cast<double>(static_cast<long long>(v)))
-    bad_input(std::string(flag) + " needs a positive whole number, got '" + text + "'");
+  const double v = weft_programs::parse_real(flag, text, 1, 1e9, decimal_suffixes);
+  if (v != std::floor(v)) bad_input(std::string(flag) + " needs a whole number, got '" + text + "'");
   return static_cast<int>(v);
 }
 
@@ -151,7 +149,7 @@ cluster_desc read_cluster(const arguments& a) {
   c.nodes = gpus / c.node.gpus_per_node;
   if (a.has("--nvlink-gbytes")) c.node.intra_bandwidth = parse_number("--nvlink-gbytes", a.get("--nvlink-gbytes")) * 1e9;
   if (a.has("--network-gbits")) c.node.network_bandwidth = parse_number("--network-gbits", a.get("--network-gbits")) * 1e9 / 8;
-  if (a.has("--oversubscription")) c.oversubscription = parse_number("--oversubscription", a.get("--oversubscription"));
+  if (a.has("--oversubscription")) c.oversubscription = parse_number("--oversubscription", a.get("--oversubscription"), 1);
   if (c.node.intra_bandwidth <= 0 || c.node.network_bandwidth <= 0 || c.oversubscription < 1)
     bad_input("bandwidths must be positive and oversubscription at least 1");
   return c;
@@ -378,6 +376,9 @@ int main(int argc, char** argv) {
     }
     if (a.flags.count("--explain")) std::printf("\n%s", to_text(explain(best, model, cluster, job, search_options{.top = 1, .software = options.software, .calib = options.calib, .allow_uneven_stages = options.allow_uneven_stages}, evaluating ? "evaluated" : "best")).c_str());
     return 0;
+  } catch (const weft_programs::usage_error& e) {
+    std::fprintf(stderr, "weft-plan: %s\n", e.what());
+    return exit_bad_input;
   } catch (const weft::error& e) {
     std::fprintf(stderr, "weft-plan: %s\n", e.what());
     return exit_bad_input;

@@ -92,6 +92,29 @@ TEST_CASE("async operations complete in issue order, and a blocking call queues 
   CHECK(c[0] == (std::int64_t{1} << comm.size()));
 }
 
+TEST_CASE("run_in_order runs host work between the operations issued around it, and reports its failure") {
+  auto comm = world();
+  std::vector<float> data(1 << 18, 1.0f);
+  auto reduced = comm.all_reduce_async(data);
+  // Queued behind the reduction: sees its result, and is seen by the reduction queued after it.
+  std::atomic<float> seen{0.0f};
+  auto epilogue = comm.native().run_in_order([&] {
+    seen = data[7];
+    for (float& x : data) x *= 0.5f;
+  });
+  auto again = comm.all_reduce_async(data);
+  again.wait();
+  CHECK(epilogue.test());
+  CHECK(reduced.test());
+  CHECK(seen.load() == static_cast<float>(comm.size()));
+  CHECK(data[7] == 0.5f * static_cast<float>(comm.size() * comm.size()));
+  auto failing = comm.native().run_in_order([] { throw weft::error("epilogue failed on purpose"); });
+  CHECK_THROWS_WITH(failing.wait(), Contains("epilogue failed on purpose"));
+  std::vector<int> one{1};
+  comm.all_reduce(one);  // the communicator still works
+  CHECK(one[0] == comm.size());
+}
+
 TEST_CASE("a dropped request waits for its operation, so buffers stay valid") {
   auto comm = world();
   std::vector<double> data(1 << 16, 1.0);

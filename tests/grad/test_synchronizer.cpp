@@ -151,6 +151,34 @@ TEST_CASE("16-bit gradients reduced in float, and a bfloat16 compression hook", 
     for (auto x : g) REQUIRE(float(x) == want);
     REQUIRE(dp.stats().bytes - before.bytes == sync.plan().total_elements() * sizeof(float));  // float on the wire
   }
+  SECTION("bfloat16 gradients, precision fp32, marked during backward over two micro-steps") {
+    // Buckets issued during backward convert (with the 1 / (dp x 2) scale folded in) and convert
+    // back on the progress thread, in order around their reductions; the result is the same.
+    synchronizer<weft::mpi_backend, weft::bfloat16> sync(
+        dp, {.bucket_bytes = 256, .first_bucket_bytes = 64, .accumulation_steps = 2,
+             .precision = weft::grad::reduce_precision::fp32});
+    constexpr std::size_t params = 6, n = 100;
+    for (std::size_t q = 0; q < params; ++q) sync.add_param("w" + std::to_string(q), n);
+    sync.freeze();
+    REQUIRE(sync.plan().buckets().size() >= 3);
+    for (int step = 0; step < 2; ++step) {
+      for (int micro = 0; micro < 2; ++micro) {
+        for (std::size_t q = params; q-- > 0;) {
+          auto g = sync.grad(q);
+          for (std::size_t i = 0; i < n; ++i)
+            g[i] = weft::bfloat16(float(g[i]) + static_cast<float>(contribution(dp.rank(), q, i)));
+          sync.mark_ready(q);
+        }
+        REQUIRE(sync.finish() == (micro == 1));
+      }
+      for (std::size_t q = 0; q < params; ++q) {
+        auto g = sync.grad(q);
+        for (std::size_t i = 0; i < n; ++i)  // the mean of 2 equal micro-steps per rank: summed / p
+          REQUIRE(float(g[i]) == float(weft::bfloat16(static_cast<float>(summed(p, q, i) / p))));
+      }
+      sync.zero_grad();
+    }
+  }
   SECTION("half gradients, precision fp32, mean over dp") {
     synchronizer<weft::mpi_backend, weft::half> sync(dp, {.precision = weft::grad::reduce_precision::fp32});
     sync.add_param("w", 77);

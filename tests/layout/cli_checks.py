@@ -101,10 +101,10 @@ def main():
     # A bad command line exits 2 with usage.
     for args, message in [
         (["--tp", "2"], "--world-size is required"),
-        (["--world-size", "16", "--tp", "abc"], "--tp needs an integer, got 'abc'"),
+        (["--world-size", "16", "--tp", "abc"], "--tp expects an integer from -2147483648 to 2147483647, not 'abc'"),
         (["--world-size", "16", "--tp"], "--tp needs a value"),
         (["--world-size", "16", "--frobnicate"], "unknown option '--frobnicate'"),
-        (["--world-size", "99999999999"], "out of range"),
+        (["--world-size", "99999999999"], "--world-size expects an integer from -2147483648 to 2147483647, not '99999999999'"),
     ]:
         code, out, err = run(binary, *args)
         expect(code == 2, f"{' '.join(args)}: exit {code}, expected 2")

@@ -11,6 +11,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string_view>
 
@@ -81,6 +82,14 @@ constexpr memory_space buffer_memory_v = [] {
   else
     return memory_space::host;
 }();
+
+/// A backend whose communicator can run host work in issue order with its operations
+/// (`comm.run_in_order(work)`, the MPI backend's progress thread): what an async collective's
+/// prologue or epilogue (scaling, conversion) can use to keep off the caller's thread.
+template <class B>
+concept runs_host_work_in_order = requires(typename B::comm& c, std::function<void()> work) {
+  { c.run_in_order(std::move(work)) } -> std::same_as<typename B::request>;
+};
 
 /// A backend: a tag type naming its communicator and request types.
 template <class B>

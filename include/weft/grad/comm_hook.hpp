@@ -25,6 +25,10 @@ struct bucket_job {
   std::span<T> data;      ///< the bucket's slice of the gradient buffer, padding included
   double scale = 1.0;     ///< multiply the sum over ranks by this (fold it into a conversion if you can)
   bool shard = false;     ///< leave only this rank's shard reduced (reduce-scatter), not the whole bucket
+  /// The caller is about to wait for this bucket (it was issued by finish() or reduce_all(), not
+  /// during backward): host work done on the caller's thread now runs beside the reductions
+  /// already queued, which beats queueing it behind them on the progress thread.
+  bool caller_waits = false;
 };
 
 /// Interface of a communication hook for backend B and gradient type T.
@@ -44,6 +48,11 @@ class comm_hook {
     (void)group;
     (void)job;
   }
+  /// True when complete() only touches the job's memory and the hook's own state of that bucket
+  /// (no communication, nothing shared between buckets): the synchronizer may then run it on the
+  /// backend's progress thread right after the reduction (see runs_host_work_in_order), off the
+  /// caller's thread.
+  virtual bool complete_is_local() const noexcept { return false; }
 };
 
 /// Puts gradients on the wire as `Wire` (e.g. bfloat16 for float gradients: half the bytes; or
@@ -61,13 +70,31 @@ class cast_hook final : public comm_hook<B, T> {
   std::string_view name() const override { return name_; }
 
   request start(communicator<B>& group, const bucket_job<T>& job) override {
-    if (staging_.size() <= job.index) staging_.resize(job.index + 1);
+    if (staging_.size() <= job.index) {
+      staging_.resize(job.index + 1);
+      conversions_.resize(job.index + 1);
+    }
     std::vector<Wire>& wire = staging_[job.index];
     wire.resize(job.data.size());
-    detail::convert_scaled<Wire, T>(job.data, wire, job.scale);
+    bool converted = false;
+    if constexpr (runs_host_work_in_order<B>) {
+      if (!job.caller_waits) {
+        // Converted on the progress thread, in order before the reduction: the caller's backward
+        // goes on at once.
+        std::span<const T> from = job.data;
+        std::span<Wire> to = wire;
+        const double scale = job.scale;
+        conversions_[job.index] =
+            group.native().run_in_order([from, to, scale] { detail::convert_scaled<Wire, T>(from, to, scale); });
+        converted = true;
+      }
+    }
+    if (!converted) detail::convert_scaled<Wire, T>(job.data, wire, job.scale);
     if (job.shard) return group.reduce_scatter_in_place_async(wire);
     return group.all_reduce_async(wire);
   }
+
+  bool complete_is_local() const noexcept override { return true; }
 
   void complete(communicator<B>& group, const bucket_job<T>& job) override {
     std::vector<Wire>& wire = staging_[job.index];
@@ -84,6 +111,7 @@ class cast_hook final : public comm_hook<B, T> {
  private:
   static constexpr std::string_view name_ = "cast";
   std::vector<std::vector<Wire>> staging_;
+  std::vector<request> conversions_;  ///< last: finished before the staging buffers go
 };
 
 /// Float gradients travel as bfloat16 (half the bytes, about 3 significant digits per element).

@@ -144,6 +144,11 @@ class synchronizer {
     pending_.assign(buckets, 0);
     requests_.clear();
     requests_.resize(buckets);
+    prologues_.clear();
+    prologues_.resize(buckets);
+    epilogues_.clear();
+    epilogues_.resize(buckets);
+    completed_in_epilogue_.assign(buckets, 0);
     jobs_.assign(buckets, {});
     deferred_.assign(buckets, 0);
     timings_.assign(buckets, {});
@@ -437,7 +442,7 @@ class synchronizer {
     deferred_[b] = factor ? 0 : 1;
     bucket_job<T>& job = jobs_[b];
     job = {.index = b, .data = grads_.bucket_slice(b), .scale = factor.value_or(1.0),
-           .shard = options_.shard_optimizer_state};
+           .shard = options_.shard_optimizer_state, .caller_waits = issuing_in_finish_};
     timings_[b].bucket = b;
     timings_[b].bytes = job.data.size_bytes();
     timings_[b].start_s = since_start();
@@ -451,6 +456,18 @@ class synchronizer {
 #if WEFT_HAS_CUDA
       timeline_.bucket_issued(b, group_->native().stream());
 #endif
+    }
+    completed_in_epilogue_[b] = 0;
+    if constexpr (runs_host_work_in_order<B>) {
+      // The hook's epilogue and the end time, on the progress thread right after the reduction:
+      // the time is exact, and a conversion back runs beside the caller's backward.
+      if (!job.caller_waits && (!hook_ || hook_->complete_is_local())) {
+        completed_in_epilogue_[b] = 1;
+        epilogues_[b] = group_->native().run_in_order([this, b] {
+          if (hook_) hook_->complete(*group_, jobs_[b]);
+          timings_[b].end_s = since_start();
+        });
+      }
     }
     issue_s_ += std::chrono::duration<double>(clock::now() - t).count();
   }
@@ -473,6 +490,14 @@ class synchronizer {
         const std::size_t chunk = n / static_cast<std::size_t>(group_->size());
         return native.reduce_scatter_scaled(job.data.data(), job.data.data() + group_->rank() * chunk, chunk,
                                             dtype_of<T>, job.scale, completion::async);
+      } else if (runs_host_work_in_order<B> && !job.caller_waits) {
+        // Scaled on the progress thread, in order before the reduction.
+        if constexpr (runs_host_work_in_order<B>) {
+          std::span<T> data = job.data;
+          const double factor = job.scale;
+          prologues_[job.index] =
+              group_->native().run_in_order([data, factor] { detail::scale_in_place<T>(data, factor); });
+        }
       } else {
         detail::scale_in_place<T>(job.data, job.scale);
       }
@@ -490,8 +515,21 @@ class synchronizer {
   }
 
   void complete(std::size_t b) {
+    if (completed_in_epilogue_[b]) return;
     if (hook_) hook_->complete(*group_, jobs_[b]);
     timings_[b].end_s = since_start();
+  }
+
+  /// Whether bucket b's reduction, with its prologue and epilogue, is done (rethrows a failure).
+  /// They run in order, so once the epilogue is done the others are.
+  bool bucket_done(std::size_t b) {
+    if (!epilogues_[b].test()) return false;
+    return prologues_[b].test() && requests_[b].test();
+  }
+  void bucket_wait(std::size_t b) {
+    epilogues_[b].wait();
+    prologues_[b].wait();
+    requests_[b].wait();
   }
 
   /// Records buckets that have finished, oldest first (they finish in issue order). On a GPU
@@ -500,7 +538,7 @@ class synchronizer {
     if constexpr (on_device) {
       for (std::size_t b = next_complete_; b < next_issue_; ++b) (void)requests_[b].test();
     } else {
-      while (next_complete_ < next_issue_ && requests_[next_complete_].test()) complete(next_complete_++);
+      while (next_complete_ < next_issue_ && bucket_done(next_complete_)) complete(next_complete_++);
     }
   }
 
@@ -527,16 +565,20 @@ class synchronizer {
 
     bool token_count_missing = false;
     if (last && on_device) {
+      issuing_in_finish_ = true;
       while (next_issue_ < pending_.size()) issue(next_issue_++);
+      issuing_in_finish_ = false;
       end_reduction_on_device(overlap_expected);
       for (char d : deferred_) token_count_missing = token_count_missing || d != 0;
     } else if (last) {
       // Issue every bucket, including those with unmarked parameters, so that the other ranks'
       // collectives find their partners; the error is raised after.
+      issuing_in_finish_ = true;
       while (next_issue_ < pending_.size()) issue(next_issue_++);
+      issuing_in_finish_ = false;
       for (std::size_t b = next_complete_; b < requests_.size(); ++b) {
         auto t = clock::now();
-        requests_[b].wait();
+        bucket_wait(b);
         timings_[b].exposed_s = std::chrono::duration<double>(clock::now() - t).count();
         complete(b);
       }
@@ -721,9 +763,14 @@ class synchronizer {
   detail::device_timeline timeline_;  ///< GPU backends: ordering and timing events
 #endif
 
+  bool issuing_in_finish_ = false;  ///< the caller waits for what is issued now
+  std::vector<char> completed_in_epilogue_;  ///< the bucket's hook epilogue and end time ran on the progress thread
+
   // Last: destroyed first, so in-flight requests finish while the buffer and hook still exist.
-  std::vector<request> retired_;  ///< GPU backends: earlier steps' reductions, not yet seen complete
-  std::vector<request> requests_;
+  std::vector<request> retired_;    ///< GPU backends: earlier steps' reductions, not yet seen complete
+  std::vector<request> prologues_;  ///< per bucket: scaling queued before the reduction
+  std::vector<request> requests_;   ///< per bucket: the reduction
+  std::vector<request> epilogues_;  ///< per bucket: the hook's completion and the end time, after the reduction
 };
 
 }  // namespace weft::grad

@@ -16,6 +16,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -273,6 +274,13 @@ struct mpi_backend {
         WEFT_CHECK_MPI(MPI_Allgather(local.data(), count, MPI_INT64_T, gathered.data(), count, MPI_INT64_T, c));
       });
     }
+
+    /// Runs `work` after every operation issued on this communicator before it, on the progress
+    /// thread (inline when MPI lacks MPI_THREAD_MULTIPLE), so its cost overlaps the caller's
+    /// work: the prologue or epilogue of an async collective (scaling, dtype conversion). `work`
+    /// must not use this communicator. The request completes when `work` has run and rethrows
+    /// what it threw.
+    request run_in_order(std::function<void()> work) { return run(completion::async, std::move(work)); }
 
     /// Blocks until every operation issued on this communicator has finished.
     void wait_all() {
