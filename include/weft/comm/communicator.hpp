@@ -97,6 +97,35 @@ class communicator {
     all_reduce(std::as_const(inout), inout, op);
   }
 
+  // ---- scaled sums: backends that fold a factor into the reduction (NCCL's pre-multiplied sum)
+  /// In place: the sum over ranks of `factor` x each rank's values (floating-point types), with
+  /// the multiplication inside the reduction instead of a pass over the buffer of its own.
+  template <mutable_buffer R>
+    requires requires(native_type& c, void* p, std::size_t n, dtype t) {
+      c.all_reduce_scaled(p, p, n, t, 1.0, completion::async);
+    }
+  request all_reduce_scaled_async(R&& inout, double factor) {
+    std::span data(inout);
+    agree_on_call(call_kind::all_reduce, data.size(), dtype_of<buffer_element_t<R>>, reduce_op::sum, -1);
+    account(data.size_bytes());
+    return native_.all_reduce_scaled(data.data(), data.data(), data.size(), dtype_of<buffer_element_t<R>>, factor,
+                                     completion::async);
+  }
+  /// In place, as reduce_scatter_in_place_async: this rank's block receives the sum over ranks of
+  /// `factor` x their blocks.
+  template <mutable_buffer R>
+    requires requires(native_type& c, void* p, std::size_t n, dtype t) {
+      c.reduce_scatter_scaled(p, p, n, t, 1.0, completion::async);
+    }
+  request reduce_scatter_in_place_scaled_async(R&& buffer, double factor) {
+    std::span data(buffer);
+    auto block = own_block("reduce_scatter", data);
+    agree_on_call(call_kind::reduce_scatter, block.size(), dtype_of<buffer_element_t<R>>, reduce_op::sum, -1);
+    account(data.size_bytes());
+    return native_.reduce_scatter_scaled(data.data(), const_cast<void*>(static_cast<const void*>(block.data())),
+                                         block.size(), dtype_of<buffer_element_t<R>>, factor, completion::async);
+  }
+
   // ---- reduce (result on root only; recv is ignored elsewhere and may be empty) -------------
   template <buffer S, mutable_buffer R>
   request reduce_async(S&& send, R&& recv, int root, reduce_op op = reduce_op::sum) {

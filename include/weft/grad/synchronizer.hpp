@@ -482,14 +482,8 @@ class synchronizer {
     } else if (job.scale != 1.0) {
       if constexpr (on_device) {
         // Folded into the reduction kernel: no pass over the bucket of its own.
-        auto& native = group_->native();
-        const std::size_t n = job.data.size();
-        if (!job.shard)
-          return native.all_reduce_scaled(job.data.data(), job.data.data(), n, dtype_of<T>, job.scale,
-                                          completion::async);
-        const std::size_t chunk = n / static_cast<std::size_t>(group_->size());
-        return native.reduce_scatter_scaled(job.data.data(), job.data.data() + group_->rank() * chunk, chunk,
-                                            dtype_of<T>, job.scale, completion::async);
+        if (job.shard) return group_->reduce_scatter_in_place_scaled_async(job.data, job.scale);
+        return group_->all_reduce_scaled_async(job.data, job.scale);
       } else if (runs_host_work_in_order<B> && !job.caller_waits) {
         // Scaled on the progress thread, in order before the reduction.
         if constexpr (runs_host_work_in_order<B>) {
