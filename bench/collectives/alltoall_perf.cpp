@@ -1,4 +1,4 @@
 // all_to_all bandwidth and latency over a sweep of message sizes, in nccl-tests' format.
-#include "collective_perf.hpp"
+#include "perf_main.hpp"
 
 int main(int argc, char** argv) { return weft_bench::perf_main(weft_bench::collective::all_to_all, argc, argv); }

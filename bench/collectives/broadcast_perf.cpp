@@ -1,4 +1,4 @@
 // broadcast bandwidth and latency over a sweep of message sizes, in nccl-tests' format.
-#include "collective_perf.hpp"
+#include "perf_main.hpp"
 
 int main(int argc, char** argv) { return weft_bench::perf_main(weft_bench::collective::broadcast, argc, argv); }

@@ -66,10 +66,9 @@
 #endif
 
 #include "command_line.hpp"
+#include "perf_main.hpp"
 
 namespace weft_bench {
-
-enum class collective { all_reduce, reduce, broadcast, all_gather, reduce_scatter, all_to_all, send_recv };
 
 constexpr std::string_view program_name(collective k) noexcept {
   switch (k) {
@@ -811,10 +810,7 @@ inline void resolve_backend(options& o) {
   if (o.async < 0) o.async = o.backend == "nccl" ? 1 : 0;
 }
 
-/// The whole program: MPI up, options, the sweep, MPI down. Exit status 0 when every checked
-/// element was right, 1 for wrong results or a usage mistake; a failure inside a collective
-/// aborts every rank (the others could otherwise wait for it forever).
-inline int perf_main(collective k, int argc, char** argv) {
+int perf_main(collective k, int argc, char** argv) {
   return weft_programs::mpi_main(program_name(k), usage(k), argc, argv, [&](int world_rank) {
     options o = parse_options(k, argc, argv);
     resolve_backend(o);

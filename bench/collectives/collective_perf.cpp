@@ -1,0 +1,2 @@
+// The collective benchmarks' engine, compiled once for the seven *_perf programs.
+#include "collective_perf.hpp"
