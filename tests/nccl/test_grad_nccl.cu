@@ -14,6 +14,7 @@
 #include <weft/grad/synchronizer.hpp>
 #include <weft/launch/nccl_bootstrap.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <string>
@@ -62,15 +63,29 @@ void register_all(device_sync& sync) {
   sync.freeze();
 }
 
-// One backward: the last parameter's gradient first, each marked right after its kernel is queued.
-void backward(device_sync& sync, cudaStream_t compute, int micro) {
+// One backward: each parameter's gradient is added by a slow kernel, then marked ready. The
+// default order is the last parameter first; `order` can give another (ranks may differ).
+void backward(device_sync& sync, cudaStream_t compute, int micro, std::vector<std::size_t> order = {}) {
+  const int r = sync.group().rank();
+  if (order.empty())
+    for (std::size_t p = sizes.size(); p-- > 0;) order.push_back(p);
+  for (std::size_t p : order) {
+    std::span<float> g = sync.grad(p);
+    slow_backward<<<64, 256, 0, compute>>>(g.data(), static_cast<long>(g.size()), static_cast<int>(p), r, micro,
+                                           200000);
+    cuda_ok(cudaGetLastError());
+    sync.mark_ready(p);
+  }
+}
+
+// The same gradients, written without marking (for reduce_all()).
+void backward_unmarked(device_sync& sync, cudaStream_t compute, int micro) {
   const int r = sync.group().rank();
   for (std::size_t p = sizes.size(); p-- > 0;) {
     std::span<float> g = sync.grad(p);
     slow_backward<<<64, 256, 0, compute>>>(g.data(), static_cast<long>(g.size()), static_cast<int>(p), r, micro,
                                            200000);
     cuda_ok(cudaGetLastError());
-    sync.mark_ready(p);
   }
 }
 
@@ -88,6 +103,32 @@ std::vector<float> download(device_sync& sync, cudaStream_t compute) {
   return host;
 }
 
+// Every element of every parameter equals expected_sum(...) x factor.
+void check_all(device_sync& sync, cudaStream_t compute, int micro_steps, double factor, const char* what) {
+  std::vector<float> host = download(sync, compute);
+  const int ranks = sync.group().size();
+  for (std::size_t p = 0; p < sizes.size(); ++p) {
+    const std::size_t at = sync.plan().offset_of(p);
+    for (std::size_t i = 0; i < sizes[p]; ++i) {
+      const double want = expected_sum(p, static_cast<long>(i), ranks, micro_steps) * factor;
+      if (std::abs(host[at + i] - want) > 1e-5 * std::abs(want)) {
+        INFO(what << ": parameter " << p << " element " << i);
+        REQUIRE(host[at + i] == Approx(want));
+      }
+    }
+  }
+}
+
+// Spins, then writes (offset + j) % 1000 over [offset, offset + count): a slow optimizer step on a shard.
+__global__ void slow_shard_update(float* data, long offset, long count, long long delay) {
+  long long start = clock64();
+  while (clock64() - start < delay) {
+  }
+  for (long j = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; j < count;
+       j += static_cast<long>(gridDim.x) * blockDim.x)
+    data[offset + j] = static_cast<float>((offset + j) % 1000);
+}
+
 }  // namespace
 
 TEST_CASE("NCCL synchronizer: accumulation window, mean over dp x k, ordered after the compute stream") {
@@ -98,32 +139,72 @@ TEST_CASE("NCCL synchronizer: accumulation window, mean over dp x k, ordered aft
   sync.set_compute_stream(compute.s);
   register_all(sync);
   REQUIRE(sync.plan().buckets().size() >= 3);
-  for (int step = 0; step < 2; ++step) {
+  for (std::size_t step = 0; step < 4; ++step) {
     for (int m = 0; m < k; ++m) {
-      backward(sync, compute.s, m);
+      if (m == k - 1 && step >= 2) {
+        // Steps 0 and 1 were never asked for: step 0's events were read when step 2 reused them;
+        // during step 2's (and 3's) reducing backward the report is the previous step's.
+        backward(sync, compute.s, m, {sizes.size() - 1});
+        const weft::grad::step_report& previous = sync.last_report();
+        REQUIRE(previous.step == step - 1);
+        REQUIRE(previous.buckets.size() == sync.plan().buckets().size());
+        std::vector<std::size_t> rest;
+        for (std::size_t p = sizes.size() - 1; p-- > 0;) rest.push_back(p);
+        backward(sync, compute.s, m, rest);
+      } else {
+        backward(sync, compute.s, m);
+      }
       REQUIRE(sync.finish() == (m == k - 1));
     }
-    std::vector<float> host = download(sync, compute.s);
-    for (std::size_t p = 0; p < sizes.size(); ++p) {
-      const std::size_t at = sync.plan().offset_of(p);
-      for (std::size_t i = 0; i < sizes[p]; ++i) {
-        const double want = expected_sum(p, static_cast<long>(i), dp.size(), k) / (dp.size() * k);
-        if (std::abs(host[at + i] - want) > 1e-5 * std::abs(want)) {
-          INFO("step " << step << " parameter " << p << " element " << i);
-          REQUIRE(host[at + i] == Approx(want));
-        }
+    check_all(sync, compute.s, k, 1.0 / (dp.size() * k), "accumulated mean");
+    if (step == 3) {
+      const weft::grad::step_report& report = sync.last_report();
+      REQUIRE(report.step == step);
+      REQUIRE(report.buckets.size() == sync.plan().buckets().size());
+      REQUIRE(report.backward_s > 0);
+      REQUIRE(report.hidden_s <= report.comm_s + 1e-6);
+      double exposed = 0;
+      for (const auto& b : report.buckets) {
+        // GPU-side times: a reduction starts after its gradients were ready and ends after it starts.
+        REQUIRE(b.start_s >= b.ready_s - 1e-5);
+        REQUIRE(b.end_s >= b.start_s);
+        exposed += b.exposed_s;
       }
-    }
-    const weft::grad::step_report& report = sync.last_report();
-    REQUIRE(report.buckets.size() == sync.plan().buckets().size());
-    REQUIRE(report.backward_s > 0);
-    for (const auto& b : report.buckets) {
-      // GPU-side times: a reduction starts after its gradients were ready and ends after it starts.
-      REQUIRE(b.start_s >= b.ready_s - 1e-5);
-      REQUIRE(b.end_s >= b.start_s);
+      REQUIRE(exposed == Approx(report.finish_s).margin(1e-6));
     }
     sync.zero_grad();
   }
+}
+
+TEST_CASE("NCCL synchronizer: reduce_all, ranks marking in different orders, unmarked parameters") {
+  nccl_comm& dp = world();
+  stream_holder compute;
+  device_sync sync(dp, {.bucket_bytes = 64 << 10, .first_bucket_bytes = 16 << 10, .scale = weft::grad::scaling::sum});
+  sync.set_compute_stream(compute.s);
+  register_all(sync);
+
+  backward_unmarked(sync, compute.s, 0);
+  REQUIRE(sync.reduce_all());
+  check_all(sync, compute.s, 1, 1.0, "reduce_all");
+  sync.zero_grad();
+
+  // Odd ranks mark forward, even ranks backward: reductions still go out in bucket order.
+  std::vector<std::size_t> order;
+  for (std::size_t p = 0; p < sizes.size(); ++p) order.push_back(p);
+  if (dp.rank() % 2 == 0) std::reverse(order.begin(), order.end());
+  backward(sync, compute.s, 0, order);
+  REQUIRE(sync.finish());
+  check_all(sync, compute.s, 1, 1.0, "different mark orders");
+  sync.zero_grad();
+
+  // One parameter left unmarked on every rank: every bucket is still reduced (no rank hangs),
+  // and finish() names it.
+  std::vector<std::size_t> all_but_one;
+  for (std::size_t p = sizes.size(); p-- > 1;) all_but_one.push_back(p);
+  backward(sync, compute.s, 0, all_but_one);
+  REQUIRE_THROWS_WITH(sync.finish(), Contains("'layer0'"));
+  cuda_ok(cudaStreamSynchronize(compute.s));
+  sync.zero_grad();
 }
 
 TEST_CASE("NCCL synchronizer: sharded, token-count scaling folded into the reduce-scatter; parameter gather") {
@@ -150,15 +231,18 @@ TEST_CASE("NCCL synchronizer: sharded, token-count scaling folded into the reduc
       }
     }
 
-  // Each rank holds the "updated" values of its shard only; the gather gives every rank all of them.
+  // Each rank's "optimizer" writes its shard on the compute stream with a slow kernel; the gather
+  // must wait for it, and the compute stream must wait for the gather.
   device_sync::buffer_type params(sync.shared_plan());
-  std::vector<float> mine(params.all().size(), -1.0f);
-  for (const weft::grad::shard_range& range : sync.shard_ranges())
-    for (std::size_t j = 0; j < range.count; ++j)
-      mine[range.offset + j] = static_cast<float>((range.offset + j) % 1000);
-  params.upload(mine);
+  std::vector<float> minus_one(params.all().size(), -1.0f);
+  params.upload(minus_one);
+  for (const weft::grad::shard_range& range : sync.shard_ranges()) {
+    slow_shard_update<<<32, 256, 0, compute.s>>>(params.all().data(), static_cast<long>(range.offset),
+                                                 static_cast<long>(range.count), 400000);
+    cuda_ok(cudaGetLastError());
+  }
   weft::grad::param_gather<weft::nccl_backend> gather = sync.gather_params_async(params);
-  gather.wait();  // the compute stream waits
+  gather.wait();  // the compute stream waits, not the host
   cuda_ok(cudaStreamSynchronize(compute.s));
   std::vector<float> all(params.all().size());
   params.download(all);
@@ -182,5 +266,15 @@ TEST_CASE("NCCL synchronizer: what a device buffer cannot do is refused with the
   register_all(sync);
   backward(sync, compute.s, 0);
   REQUIRE_THROWS_WITH(sync.finish(), Contains("before the window's last backward"));
+  cuda_ok(cudaStreamSynchronize(compute.s));
+
+  // Set during the reducing backward: refused at once, the same on every rank.
+  sync.zero_grad();
+  backward(sync, compute.s, 0, {sizes.size() - 1});
+  REQUIRE_THROWS_WITH(sync.set_token_count(10.0), Contains("before that backward's first mark_ready()"));
+  std::vector<std::size_t> rest;
+  for (std::size_t p = sizes.size() - 1; p-- > 0;) rest.push_back(p);
+  backward(sync, compute.s, 0, rest);
+  REQUIRE_THROWS(sync.finish());  // still no count: reported, and every bucket was reduced
   cuda_ok(cudaStreamSynchronize(compute.s));
 }

@@ -134,6 +134,7 @@ class flat_buffer {
   {
     check_host_size(host.size(), "upload");
     if (size_ == 0) return;
+    WEFT_CHECK_CUDA(cudaDeviceSynchronize());  // work in flight on other streams may still use the buffer
     WEFT_CHECK_CUDA(cudaMemcpy(storage_.data(), host.data(), host.size_bytes(), cudaMemcpyHostToDevice));
     WEFT_CHECK_CUDA(cudaDeviceSynchronize());  // a pageable copy may return before its DMA ends
   }

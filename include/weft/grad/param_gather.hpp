@@ -50,6 +50,11 @@ class param_gather {
   void synchronize() {
     for (std::size_t b = requests_.size(); b-- > 0;) requests_[b].wait();
   }
+  /// The per-bucket requests, handed over (the gather is empty afterwards).
+  std::vector<request> take_requests() && {
+    plan_.reset();
+    return std::move(requests_);
+  }
   /// True when every parameter is gathered.
   bool test() {
     bool done = true;

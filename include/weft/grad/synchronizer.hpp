@@ -206,6 +206,13 @@ class synchronizer {
   {
     if (in_window())
       fail(where() + ": set_compute_stream() inside an accumulation window; set it between optimizer steps");
+    if (stream != compute_) {
+      // What follows on the new stream (the optimizer step) must still see the reductions that
+      // the old one was made to wait for.
+      cuda::event switched = cuda::event::create();
+      switched.record(compute_);
+      switched.make_wait(stream);
+    }
     compute_ = stream;
   }
   cudaStream_t compute_stream() const noexcept
@@ -247,6 +254,11 @@ class synchronizer {
     if (options_.scale != scaling::token_count)
       fail(where() + ": set_token_count() needs scaling::token_count (the synchronizer uses another scaling)");
     if (!(tokens > 0)) fail(where() + ": set_token_count(" + std::to_string(tokens) + "): the count must be positive");
+    // On a GPU the division is folded into each reduction: a count arriving mid-backward would
+    // scale some buckets and not others, differently on ranks that mark in different orders.
+    if (on_device && reduces_this_micro_step() && marked_count_ != 0)
+      fail(where() + ": set_token_count() during the window's last backward; on a GPU backend set it before that "
+           "backward's first mark_ready()");
     token_count_ = tokens;
   }
 
@@ -266,6 +278,11 @@ class synchronizer {
       std::size_t b = plan_->bucket_of(param);
       if (--pending_[b] == 0) {
         timings_[b].ready_s = since_start();
+        if constexpr (on_device) {
+#if WEFT_HAS_CUDA
+          timeline_.bucket_ready(b, compute_);
+#endif
+        }
         issue_in_order();
       }
       poll();
@@ -371,7 +388,13 @@ class synchronizer {
   }
   /// Gathers every rank's updated shard of `params` and waits (on a GPU backend: the compute
   /// stream waits).
-  void gather_params(buffer_type& params) { gather_params_async(params).wait(); }
+  void gather_params(buffer_type& params) {
+    param_gather<B> gathering = gather_params_async(params);
+    gathering.wait();
+    // On a GPU the compute stream now waits; keep the requests so the host does not.
+    if constexpr (on_device)
+      for (request& r : std::move(gathering).take_requests()) retired_.push_back({steps_, std::move(r)});
+  }
 
  private:
   std::string where() const { return "gradient synchronizer on group '" + group_->name() + "'"; }
@@ -406,8 +429,13 @@ class synchronizer {
 #if WEFT_HAS_CUDA
       if (!reduces_this_micro_step()) return;
       poll_retired();
-      // The events of two steps ago are about to be reused: read them first (long done by now).
-      if (timeline_.next_set_unread(steps_)) report_ = summarize(timeline_.read(steps_, *plan_));
+      // The events of two steps ago are about to be reused: read them first. Their reductions
+      // are waited for through their requests, which notice a failed peer (an event wait would not).
+      if (timeline_.next_set_unread(steps_)) {
+        if (steps_ >= 2) wait_retired_through(steps_ - 2);
+        step_report old = summarize(timeline_.read(steps_, *plan_));
+        if (report_.buckets.empty() || old.step >= report_.step) report_ = std::move(old);
+      }
       timeline_.begin(steps_, compute_);
 #endif
     }
@@ -433,7 +461,10 @@ class synchronizer {
   }
 
   void issue_in_order() {
-    while (next_issue_ < pending_.size() && pending_[next_issue_] == 0) issue(next_issue_++);
+    while (next_issue_ < pending_.size() && pending_[next_issue_] == 0) {
+      issue(next_issue_);
+      ++next_issue_;  // only once issued: a bucket whose issue threw is not counted as in flight
+    }
   }
 
   void issue(std::size_t b) {
@@ -448,7 +479,7 @@ class synchronizer {
     timings_[b].start_s = since_start();
     if constexpr (on_device) {
 #if WEFT_HAS_CUDA
-      timeline_.bucket_ready(b, compute_, group_->native().stream());
+      timeline_.bucket_start(b, compute_, group_->native().stream());
 #endif
     }
     requests_[b] = hook_ ? hook_->start(*group_, job) : start_direct(job);
@@ -539,12 +570,19 @@ class synchronizer {
   /// Drops the earlier steps' requests that have completed; a failed one throws here.
   void poll_retired() {
     std::size_t done = 0;
-    while (done < retired_.size() && retired_[done].test()) ++done;
+    while (done < retired_.size() && retired_[done].pending.test()) ++done;
+    retired_.erase(retired_.begin(), retired_.begin() + static_cast<std::ptrdiff_t>(done));
+  }
+
+  /// Waits (watching for failed peers) for the retired requests of steps up to `step`.
+  void wait_retired_through(std::size_t step) {
+    std::size_t done = 0;
+    while (done < retired_.size() && retired_[done].step <= step) retired_[done++].pending.wait();
     retired_.erase(retired_.begin(), retired_.begin() + static_cast<std::ptrdiff_t>(done));
   }
 
   void drain_retired() {
-    for (request& r : retired_) r.wait();
+    for (retired_request& r : retired_) r.pending.wait();
     retired_.clear();
   }
 
@@ -559,17 +597,13 @@ class synchronizer {
 
     bool token_count_missing = false;
     if (last && on_device) {
-      issuing_in_finish_ = true;
-      while (next_issue_ < pending_.size()) issue(next_issue_++);
-      issuing_in_finish_ = false;
+      issue_remaining();
       end_reduction_on_device(overlap_expected);
       for (char d : deferred_) token_count_missing = token_count_missing || d != 0;
     } else if (last) {
       // Issue every bucket, including those with unmarked parameters, so that the other ranks'
       // collectives find their partners; the error is raised after.
-      issuing_in_finish_ = true;
-      while (next_issue_ < pending_.size()) issue(next_issue_++);
-      issuing_in_finish_ = false;
+      issue_remaining();
       for (std::size_t b = next_complete_; b < requests_.size(); ++b) {
         auto t = clock::now();
         bucket_wait(b);
@@ -632,6 +666,19 @@ class synchronizer {
     return last;
   }
 
+  /// Issues every bucket not issued yet; the caller waits for them next.
+  void issue_remaining() {
+    struct flag_guard {
+      bool& flag;
+      explicit flag_guard(bool& f) : flag(f) { flag = true; }
+      ~flag_guard() { flag = false; }
+    } waiting(issuing_in_finish_);
+    while (next_issue_ < pending_.size()) {
+      issue(next_issue_);
+      ++next_issue_;
+    }
+  }
+
   /// The end of a reducing micro-step on a GPU backend: hooks queue their epilogues, the compute
   /// stream waits for the reductions, and the requests are kept (not waited for) until they are
   /// seen complete, so the host can queue the next step at once.
@@ -645,8 +692,14 @@ class synchronizer {
       timeline_.end_backward(compute_, overlap_expected, issue_s_);
       for (request& r : requests_) {
         r.make_stream_wait(compute_);
-        retired_.push_back(std::move(r));
+        retired_.push_back({steps_, std::move(r)});
         r = request();
+      }
+      if (hook_) {
+        // A hook's epilogue kernels follow the requests' events on the communicator's stream.
+        cuda::event epilogues_done = cuda::event::create();
+        epilogues_done.record(group_->native().stream());
+        epilogues_done.make_wait(compute_);
       }
       poll_retired();
     }
@@ -760,8 +813,13 @@ class synchronizer {
   bool issuing_in_finish_ = false;  ///< the caller waits for what is issued now
   std::vector<char> completed_in_epilogue_;  ///< the bucket's hook epilogue and end time ran on the progress thread
 
+  struct retired_request {
+    std::size_t step = 0;  ///< the optimizer step that issued it
+    request pending;
+  };
+
   // Last: destroyed first, so in-flight requests finish while the buffer and hook still exist.
-  std::vector<request> retired_;    ///< GPU backends: earlier steps' reductions, not yet seen complete
+  std::vector<retired_request> retired_;  ///< GPU backends: issued requests not yet seen complete
   std::vector<request> prologues_;  ///< per bucket: scaling queued before the reduction
   std::vector<request> requests_;   ///< per bucket: the reduction
   std::vector<request> epilogues_;  ///< per bucket: the hook's completion and the end time, after the reduction

@@ -51,15 +51,26 @@ class device_timeline {
     step_events& set = sets_[current_];
     set.step = step;
     set.issued = 0;
+    set.ready_recorded.assign(set.ready.size(), 0);
     set.begin.record(compute);
   }
 
-  /// Bucket `b` is ready: the communication stream waits for what the compute stream has queued
-  /// so far (the kernels that produced the bucket's gradients), then marks the reduction's start.
-  void bucket_ready(std::size_t b, cudaStream_t compute, cudaStream_t communication) {
+  /// Bucket `b`'s last gradient was marked ready: marks the point of the compute stream its
+  /// reduction must wait for (everything queued so far), even while earlier buckets hold that
+  /// reduction back.
+  void bucket_ready(std::size_t b, cudaStream_t compute) {
     sets_[current_].ready[b].record(compute);
-    sets_[current_].ready[b].make_wait(communication);
-    sets_[current_].start[b].record(communication);
+    sets_[current_].ready_recorded[b] = 1;
+  }
+
+  /// Bucket `b`'s reduction is about to be queued: the communication stream waits for the
+  /// bucket's ready point (recorded now if it was not: reduce_all, unmarked parameters), then
+  /// marks the reduction's start.
+  void bucket_start(std::size_t b, cudaStream_t compute, cudaStream_t communication) {
+    step_events& set = sets_[current_];
+    if (!set.ready_recorded[b]) bucket_ready(b, compute);
+    set.ready[b].make_wait(communication);
+    set.start[b].record(communication);
   }
 
   /// Bucket `b`'s reduction has been queued on the communication stream.
@@ -70,25 +81,28 @@ class device_timeline {
 
   /// Backward has ended on the compute stream (finish() of the reducing micro-step).
   void end_backward(cudaStream_t compute, bool overlap_expected, double issue_s) {
-    sets_[current_].backward_end.record(compute);
-    sets_[current_].overlap_expected = overlap_expected;
-    sets_[current_].issue_s = issue_s;
-    sets_[current_].unread = true;
+    step_events& set = sets_[current_];
+    set.backward_end.record(compute);
+    set.overlap_expected = overlap_expected;
+    set.issue_s = issue_s;
+    set.unread = true;
+    newest_ = current_;
   }
 
-  /// Whether the newest step's timing has not been read yet.
-  bool newest_unread() const { return sets_[current_].unread; }
+  /// Whether the newest step whose backward has ended has not been read yet.
+  bool newest_unread() const { return sets_[newest_].unread; }
 
   /// Reads the timing of the set that step `step` used (blocks until its events have happened:
-  /// call it once the step's reductions are known to be complete or nearly so).
+  /// call it once the step's reductions are known to be complete).
   step_report read(std::size_t step, const bucket_plan& plan) { return read_set(sets_[step % 2], plan); }
-  /// Reads the newest step's timing.
-  step_report read_newest(const bucket_plan& plan) { return read_set(sets_[current_], plan); }
+  /// Reads the newest finished step's timing.
+  step_report read_newest(const bucket_plan& plan) { return read_set(sets_[newest_], plan); }
 
  private:
   struct step_events {
     cuda::event begin, backward_end;
     std::vector<cuda::event> ready, start, end;
+    std::vector<char> ready_recorded;
     std::size_t step = 0;
     std::size_t issued = 0;
     bool overlap_expected = false;
@@ -125,7 +139,8 @@ class device_timeline {
   }
 
   std::array<step_events, 2> sets_;
-  std::size_t current_ = 0;  ///< the set of the newest step
+  std::size_t current_ = 0;  ///< the set of the step in progress
+  std::size_t newest_ = 0;   ///< the set of the newest step whose backward has ended
 };
 
 }  // namespace weft::grad::detail
