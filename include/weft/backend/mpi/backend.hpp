@@ -11,6 +11,12 @@
 ///
 /// A communicator must not be used from several threads at once (as with NCCL communicators).
 
+#include <weft/config.hpp>
+
+#if !WEFT_HAS_MPI
+#error "weft: this build has no MPI backend, which multi-rank work on CPU (and the NCCL bootstrap) needs. Link weft::mpi (or weft::weft) from a weft configured with MPI found (WEFT_WITH_MPI=ON or AUTO; on Debian: apt-get install libopenmpi-dev openmpi-bin)."
+#endif
+
 #include <mpi.h>
 
 #include <climits>

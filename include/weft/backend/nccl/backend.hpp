@@ -17,7 +17,9 @@
 
 #include <weft/config.hpp>
 
-#if WEFT_HAS_NCCL
+#if !WEFT_HAS_NCCL
+#error "weft: this build has no NCCL backend (GPU collectives). Link weft::nccl (or weft::weft) from a weft configured with CUDA and NCCL found (WEFT_WITH_NCCL=ON or AUTO; NCCL under CUDA's prefix, or NCCL_ROOT), or use weft::mpi_backend on CPU."
+#else
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -447,4 +449,4 @@ static_assert(backend<nccl_backend>);
 
 }  // namespace weft
 
-#endif  // WEFT_HAS_NCCL
+#endif  // !WEFT_HAS_NCCL
