@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <span>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <weft/backend/backend.hpp>
@@ -30,6 +31,26 @@ struct bucket_job {
   /// already queued, which beats queueing it behind them on the progress thread.
   bool caller_waits = false;
 };
+
+namespace detail {
+
+/// Runs `work` (a bucket's host-side preparation) so that it is done before the reduction issued
+/// next: on the backend's progress thread, queued in order, when the caller is busy with backward
+/// (the caller goes on at once; `pending` keeps the queued work's request); on the caller's thread
+/// when it is about to wait anyway (it then runs beside the reductions already queued).
+template <backend B, element T, class Work>
+void run_before_reduction(communicator<B>& group, const bucket_job<T>& job, typename B::request& pending,
+                          Work&& work) {
+  if constexpr (runs_host_work_in_order<B>) {
+    if (!job.caller_waits) {
+      pending = group.native().run_in_order(std::forward<Work>(work));
+      return;
+    }
+  }
+  work();
+}
+
+}  // namespace detail
 
 /// Interface of a communication hook for backend B and gradient type T.
 template <backend B, element T>
@@ -76,20 +97,11 @@ class cast_hook final : public comm_hook<B, T> {
     }
     std::vector<Wire>& wire = staging_[job.index];
     wire.resize(job.data.size());
-    bool converted = false;
-    if constexpr (runs_host_work_in_order<B>) {
-      if (!job.caller_waits) {
-        // Converted on the progress thread, in order before the reduction: the caller's backward
-        // goes on at once.
-        std::span<const T> from = job.data;
-        std::span<Wire> to = wire;
-        const double scale = job.scale;
-        conversions_[job.index] =
-            group.native().run_in_order([from, to, scale] { detail::convert_scaled<Wire, T>(from, to, scale); });
-        converted = true;
-      }
-    }
-    if (!converted) detail::convert_scaled<Wire, T>(job.data, wire, job.scale);
+    std::span<const T> from = job.data;
+    std::span<Wire> to = wire;
+    const double scale = job.scale;
+    detail::run_before_reduction(group, job, conversions_[job.index],
+                                 [from, to, scale] { detail::convert_scaled<Wire, T>(from, to, scale); });
     if (job.shard) return group.reduce_scatter_in_place_async(wire);
     return group.all_reduce_async(wire);
   }

@@ -44,6 +44,8 @@
 
 #if WEFT_HAS_CUDA
 #include <cuda_runtime_api.h>
+
+#include <weft/backend/cuda/event.hpp>
 #endif
 
 #include <weft/backend/backend.hpp>
@@ -206,13 +208,9 @@ class synchronizer {
   {
     if (in_window())
       fail(where() + ": set_compute_stream() inside an accumulation window; set it between optimizer steps");
-    if (stream != compute_) {
-      // What follows on the new stream (the optimizer step) must still see the reductions that
-      // the old one was made to wait for.
-      cuda::event switched = cuda::event::create();
-      switched.record(compute_);
-      switched.make_wait(stream);
-    }
+    // What follows on the new stream (the optimizer step) must still see the reductions that
+    // the old one was made to wait for.
+    if (stream != compute_) cuda::wait_for_stream(stream, compute_);
     compute_ = stream;
   }
   cudaStream_t compute_stream() const noexcept
@@ -377,9 +375,7 @@ class synchronizer {
     if constexpr (on_device) {
 #if WEFT_HAS_CUDA
       // The updated shards were written on the compute stream.
-      cuda::event updated = cuda::event::create();
-      updated.record(compute_);
-      updated.make_wait(group_->native().stream());
+      cuda::wait_for_stream(group_->native().stream(), compute_);
       consumer = compute_;
 #endif
     }
@@ -515,16 +511,11 @@ class synchronizer {
         // Folded into the reduction kernel: no pass over the bucket of its own.
         if (job.shard) return group_->reduce_scatter_in_place_scaled_async(job.data, job.scale);
         return group_->all_reduce_scaled_async(job.data, job.scale);
-      } else if (runs_host_work_in_order<B> && !job.caller_waits) {
-        // Scaled on the progress thread, in order before the reduction.
-        if constexpr (runs_host_work_in_order<B>) {
-          std::span<T> data = job.data;
-          const double factor = job.scale;
-          prologues_[job.index] =
-              group_->native().run_in_order([data, factor] { detail::scale_in_place<T>(data, factor); });
-        }
       } else {
-        detail::scale_in_place<T>(job.data, job.scale);
+        std::span<T> data = job.data;
+        const double factor = job.scale;
+        detail::run_before_reduction(*group_, job, prologues_[job.index],
+                                     [data, factor] { detail::scale_in_place<T>(data, factor); });
       }
     }
     if (job.shard) return group_->reduce_scatter_in_place_async(job.data, op);
@@ -697,9 +688,7 @@ class synchronizer {
       }
       if (hook_) {
         // A hook's epilogue kernels follow the requests' events on the communicator's stream.
-        cuda::event epilogues_done = cuda::event::create();
-        epilogues_done.record(group_->native().stream());
-        epilogues_done.make_wait(compute_);
+        cuda::wait_for_stream(compute_, group_->native().stream());
       }
       poll_retired();
     }

@@ -77,6 +77,14 @@ class event {
   cudaEvent_t handle_ = nullptr;
 };
 
+/// Work queued on `waiting` from now on starts only after everything queued on `producer` so far;
+/// the host does not wait. (The event may be destroyed at once: CUDA keeps it until it is used.)
+inline void wait_for_stream(cudaStream_t waiting, cudaStream_t producer) {
+  event boundary = event::create();
+  boundary.record(producer);
+  boundary.make_wait(waiting);
+}
+
 }  // namespace weft::cuda
 
 #endif  // WEFT_HAS_CUDA

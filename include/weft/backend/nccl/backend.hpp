@@ -162,11 +162,7 @@ struct nccl_backend {
         next = own_stream_.native();
       }
       if (has_stream_ && next == stream_) return;
-      if (has_stream_) {
-        cuda::event boundary = cuda::event::create();  // destroyed while pending is fine: CUDA defers it
-        boundary.record(stream_);
-        boundary.make_wait(next);
-      }
+      if (has_stream_) cuda::wait_for_stream(next, stream_);
       stream_ = next;
       has_stream_ = true;
       borrowed_stream_ = s.has_value();
