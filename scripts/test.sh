@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds weft with warnings as errors and runs every test (unit, multi-rank through mpiexec,
-# consumer projects). Usage: scripts/test.sh [build-dir]   (default: build/test)
+# consumer projects), then again under sanitizers. Usage: scripts/test.sh [build-dir]   (default: build/test)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${1:-$root/build/test}"
@@ -11,3 +11,9 @@ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DWEFT_WARNINGS
 cmake --build "$build" --parallel "$(nproc)"
 # GPU tests need a GPU: run them on a GPU machine with `ctest -L gpu`.
 ctest --test-dir "$build" --output-on-failure --label-exclude gpu --parallel 1 --timeout 600
+# The same tests under AddressSanitizer + UndefinedBehaviorSanitizer, and the threaded ones under
+# ThreadSanitizer (docs/testing.md). WEFT_SANITIZERS=0 skips them for a quick local run.
+if [ "${WEFT_SANITIZERS:-1}" != 0 ]; then
+  "$root/scripts/sanitize.sh" address "$build-asan"
+  "$root/scripts/sanitize.sh" thread "$build-tsan"
+fi

@@ -1,13 +1,15 @@
 // Reducing GPT-2 small's 148 gradients (124,439,808 floats, 497.8 MB) over the ranks, side by side
 // in one run: weft's bucketed synchronizer against raw MPI (one flat MPI_Allreduce; one per
 // tensor; one per weft bucket) and PyTorch DDP, whose result run.sh measures just before this run
-// and passes in (--ddp-result). The weft and MPI variants take turns within every iteration, in a
-// rotating order, so load from other processes falls on every variant alike. The time of an
-// iteration is the slowest rank's; the table shows medians over all rounds.
+// and passes in (--ddp-result, or --ddp-failed with the reason it has none). The weft and MPI
+// variants take turns within every iteration, in a rotating order, so load from other processes
+// falls on every variant alike. The time of an iteration is the slowest rank's; the table shows
+// medians over all rounds.
 //
 //   bench/grad_sync/run.sh BUILD_DIR [--iterations 12] [--rounds 3] [--json FILE]     (the usual way)
 //   mpirun -n 2 weft_bench_grad_sync [--iterations 12] [--rounds 3] [--warmup 1] [--json FILE]
-//          [--ddp-result FILE] [--bucket-mib 25] [--first-bucket-mib 1] [--pad 128] [--sweep]
+//          [--ddp-result FILE | --ddp-failed REASON] [--layers 12] [--bucket-mib 25]
+//          [--first-bucket-mib 1] [--pad 128] [--sweep]
 #include <mpi.h>
 
 #include <weft/backend/mpi/backend.hpp>
@@ -67,6 +69,8 @@ constexpr const char* usage_text =
     "  --pad N                 weft pads buckets to multiples of N elements [128]\n"
     "  --sweep                 also time other bucket caps and paddings\n"
     "  --ddp-result FILE       PyTorch DDP's times, as run.sh measures them\n"
+    "  --ddp-failed REASON     DDP was meant to run but did not: the result says so, with REASON\n"
+    "  --layers N              GPT-2's transformer blocks [12]; fewer only for quick checks\n"
     "  --json FILE             write the results as JSON\n";
 
 int parse_count(std::string_view name, int argc, char** argv, const char* fallback, int low) {
@@ -82,8 +86,8 @@ double parse_mib(std::string_view name, int argc, char** argv, const char* fallb
 int main(int argc, char** argv) {
   return weft_programs::mpi_main("weft_bench_grad_sync", usage_text, argc, argv, [&](int world_rank) {
     check_arguments(argc, argv,
-                    {"--iterations", "--rounds", "--warmup", "--ddp-result", "--bucket-mib", "--first-bucket-mib",
-                     "--pad", "--json"},
+                    {"--iterations", "--rounds", "--warmup", "--ddp-result", "--ddp-failed", "--layers", "--bucket-mib",
+                     "--first-bucket-mib", "--pad", "--json"},
                     {"--sweep", "--help", "-h"});
     if (flag(argc, argv, "--help") || flag(argc, argv, "-h")) {
       if (world_rank == 0) std::printf("%s", usage_text);
@@ -95,6 +99,11 @@ int main(int argc, char** argv) {
     // DDP's result, measured by run.sh just before this run (DDP's ranks started from inside an
     // MPI rank proved unreliable: one could die at start-up and leave the other waiting).
     const std::string ddp_result = option(argc, argv, "--ddp-result");
+    // Why run.sh has no DDP result: a comparison without DDP must say so in its table and JSON.
+    const std::string ddp_failed = option(argc, argv, "--ddp-failed");
+    if (!ddp_result.empty() && !ddp_failed.empty())
+      throw weft_programs::usage_error("give --ddp-result or --ddp-failed, not both");
+    const int layers = parse_count("--layers", argc, argv, "12", 0);
     const double bucket_mib = parse_mib("--bucket-mib", argc, argv, "25");
     const double first_mib = parse_mib("--first-bucket-mib", argc, argv, "1");
     const std::size_t pad = static_cast<std::size_t>(parse_count("--pad", argc, argv, "128", 0));
@@ -107,7 +116,7 @@ int main(int argc, char** argv) {
     MPI_Comm_dup(MPI_COMM_WORLD, &raw);
     const int rank = dp.rank(), ranks = dp.size();
 
-    const auto shapes = gpt2_small_shapes();
+    const auto shapes = gpt2_small_shapes(layers);
     std::size_t total = 0;
     for (const auto& s : shapes) total += s.count();
 
@@ -175,12 +184,22 @@ int main(int argc, char** argv) {
     }
 
     std::vector<double> ddp_times, ddp_backward_only_times;
-    const bool ddp_ok = !ddp_result.empty();
-    if (!ddp_result.empty() && rank == 0) {
+    // "ok", "failed" (with a reason) or "not_run" (DDP was not asked for): the JSON's ddp_status.
+    std::string ddp_status = "not_run", ddp_reason = "no --ddp-result (bench/grad_sync/run.sh measures DDP)";
+    if (!ddp_failed.empty()) {
+      ddp_status = "failed";
+      ddp_reason = ddp_failed;
+    } else if (!ddp_result.empty() && rank == 0) {
       std::string text = read_text(ddp_result.c_str());
       for (double t : json_numbers(text, "ddp_times")) ddp_times.push_back(t);
       for (double t : json_numbers(text, "ddp_backward_only_times")) ddp_backward_only_times.push_back(t);
-      if (ddp_times.empty()) std::fprintf(stderr, "grad_sync: no DDP times in %s\n", ddp_result.c_str());
+      if (ddp_times.empty()) {
+        ddp_status = "failed";
+        ddp_reason = "no DDP times in " + ddp_result;
+      } else {
+        ddp_status = "ok";
+        ddp_reason.clear();
+      }
     }
     const int per_round = std::max(1, iterations / rounds);
     for (int round = 0; round < rounds; ++round) {
@@ -198,10 +217,11 @@ int main(int argc, char** argv) {
     }
     // Check the answers: every variant summed ones over the ranks.
     bool correct = flat[0] == static_cast<float>(ranks) && flat[total - 1] == static_cast<float>(ranks) &&
-                   weft_sum->grad(0)[0] == static_cast<float>(ranks) && weft_mean->grad(147)[767] == 1.0f;
+                   weft_sum->grad(0)[0] == static_cast<float>(ranks) &&
+                   weft_mean->grad(shapes.size() - 1)[shapes.back().count() - 1] == 1.0f;
 
     double ddp_s = -1, ddp_backward_only_s = -1;
-    if (ddp_ok && !ddp_times.empty()) {
+    if (ddp_status == "ok") {
       ddp_s = median(ddp_times);
       ddp_backward_only_s = median(ddp_backward_only_times);
     }
@@ -229,12 +249,15 @@ int main(int argc, char** argv) {
                     ddp_s * 1e3, *std::min_element(ddp_times.begin(), ddp_times.end()) * 1e3,
                     *std::max_element(ddp_times.begin(), ddp_times.end()) * 1e3, bytes / ddp_s / 1e9, bytes / ddp_s / 1e9 * bus_factor, ddp_s / best_raw,
                     ddp_backward_only_s * 1e3);
+      } else if (ddp_status == "failed") {
+        std::printf("%-18s (not run: DDP FAILED: %s)\n", "torch_ddp", ddp_reason.c_str());
       } else {
-        std::printf("%-18s (not run: no --ddp-result; run.sh measures DDP when /usr/bin/python3 has torch)\n", "torch_ddp");
+        std::printf("%-18s (not run: %s)\n", "torch_ddp", ddp_reason.c_str());
       }
       double weft_s = median(variants[2].times);
       std::printf("# weft / best raw MPI = %.3f (target <= 1.10)", weft_s / best_raw);
       if (ddp_s > 0) std::printf(", weft / DDP = %.3f (target <= 0.50)", weft_s / ddp_s);
+      if (ddp_status == "failed") std::printf(", weft / DDP not measured: DDP failed");
       std::printf("\n# results %s\n", correct ? "correct" : "WRONG");
       std::printf("%s", weft_sum->plan().describe().c_str());
       if (!json_path.empty()) {
@@ -244,6 +267,9 @@ int main(int argc, char** argv) {
             << ", \"mpi_flat_s\": " << json_value(median(variants[0].times))
             << ", \"mpi_per_tensor_s\": " << json_value(median(variants[1].times)) << ", \"ranks\": " << ranks
             << ", \"iterations\": " << variants[0].times.size() << ", \"ddp_iterations\": " << ddp_times.size()
+            << ", \"ddp_status\": " << json_string(ddp_status)
+            << ", \"ddp_reason\": " << (ddp_reason.empty() ? "null" : json_string(ddp_reason))
+            << ", \"layers\": " << layers
             << "}\n";
       }
     }

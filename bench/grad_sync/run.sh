@@ -25,20 +25,39 @@ while [ $# -gt 0 ]; do
 done
 
 # PyTorch DDP runs first, on its own (not from inside an MPI rank), right before weft and raw MPI,
-# and its result goes to the benchmark, which reports all of them side by side.
-ddp=""
+# and its result goes to the benchmark, which reports all of them side by side. When DDP does not
+# run, the benchmark is told why (--ddp-failed), so its table and JSON say so.
+ddp_timeout=$((120 + 10 * (iterations + 1)))  # ddp_reference.py's own deadline, which reports the rank
+result=$(mktemp /tmp/weft_ddp_XXXXXX)
+errors=$(mktemp /tmp/weft_ddp_err_XXXXXX)
+trap 'rm -f "$result" "$errors"' EXIT
+reason=""
 if /usr/bin/python3 -c "import torch" 2>/dev/null; then
-  result=$(mktemp /tmp/weft_ddp_XXXXXX)
-  if env GLOO_SOCKET_IFNAME=lo timeout -k 10 300 /usr/bin/python3 "$here/ddp_reference.py" --ranks "$ranks" \
-       --iterations "$iterations" --warmup 1 --json "$result"; then
-    ddp="--ddp-result $result"
-  else
-    echo "run.sh: the DDP reference failed; DDP is left out" >&2
+  # The outer timeout only backs up the script's own deadline.
+  status=0
+  env GLOO_SOCKET_IFNAME=lo timeout -k 10 $((ddp_timeout + 30)) /usr/bin/python3 "$here/ddp_reference.py" \
+    --ranks "$ranks" --iterations "$iterations" --warmup 1 --timeout "$ddp_timeout" --json "$result" \
+    2>"$errors" || status=$?
+  cat "$errors" >&2
+  if [ "$status" -ne 0 ]; then
+    reason=$(grep '^ddp_reference.py: FAILED: ' "$errors" | tail -n 1 | sed 's/^ddp_reference.py: FAILED: //')
+    case "$status" in
+      124|137) reason="ddp_reference.py killed by run.sh after $((ddp_timeout + 30)) s${reason:+: $reason}" ;;
+      *) [ -n "$reason" ] || reason="ddp_reference.py exited with status $status" ;;
+    esac
   fi
 else
-  echo "run.sh: /usr/bin/python3 has no torch; DDP is left out" >&2
+  reason="/usr/bin/python3 has no torch"
+fi
+
+# shellcheck disable=SC2086
+if [ -z "$reason" ]; then
+  set -- --ddp-result "$result" $args
+else
+  echo "run.sh: DDP is left out of this run: $reason" >&2
+  set -- --ddp-failed "$reason" $args
 fi
 
 export OMPI_MCA_oob_tcp_if_include=lo OMPI_MCA_btl_tcp_if_include=lo GLOO_SOCKET_IFNAME=lo
-# shellcheck disable=SC2086
-exec mpirun --allow-run-as-root --oversubscribe --bind-to none -n "$ranks" "$bench" $ddp $args
+# Not exec: the trap removes DDP's files once the benchmark has read them.
+mpirun --allow-run-as-root --oversubscribe --bind-to none -n "$ranks" "$bench" "$@"

@@ -15,6 +15,7 @@
 
 #include "../grad_sync/bench_args.hpp"
 #include "../grad_sync/gpt2_shapes.hpp"
+#include "json_output.hpp"
 
 #include <chrono>
 #include <cmath>
@@ -152,7 +153,7 @@ void run(Sync& sync, comm_t& dp, MPI_Comm raw, int iterations, int warmup, const
                 bound * 1e3, gpu_like.step_overlap_s <= bound ? "met" : "MISSED");
     if (want_report) std::printf("# last overlapped step on rank 0:\n%s", gpu_like.report.c_str());
     if (!json_path.empty()) {
-      std::ofstream out(json_path);
+      std::ofstream out = weft_programs::open_json_output(json_path);
       out << "{" << json_of(gpu_like) << ", \"cpu\": {" << json_of(cpu) << "}, \"ranks\": " << dp.size()
           << ", \"iterations\": " << iterations << "}\n";
     }

@@ -2,6 +2,7 @@
 // Command-line pieces shared by weft's programs (examples and benchmarks): not part of the library.
 
 #include <charconv>
+#include <chrono>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
@@ -13,6 +14,8 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+
+#include <weft/core/timeout.hpp>
 
 // Only the programs built with MPI find <mpi.h>; mpi_main (below) is for them alone.
 #if __has_include(<mpi.h>)
@@ -122,6 +125,17 @@ inline std::size_t parse_bytes(std::string_view flag, const std::string& text) {
   if (value > (std::numeric_limits<std::size_t>::max() >> shift))
     throw usage_error(std::string(flag) + ": '" + text + "' is too large");
   return static_cast<std::size_t>(value) << shift;
+}
+
+/// The value of `--comm-timeout` (seconds; 0: no deadline) as a deadline for every
+/// communication operation; it overrides WEFT_COMM_TIMEOUT.
+/// @throws usage_error naming the flag and the text.
+inline std::chrono::milliseconds parse_comm_timeout_flag(std::string_view flag, const std::string& text) {
+  try {
+    return weft::parse_comm_timeout(text, std::string(flag));
+  } catch (const std::exception& e) {
+    throw usage_error(e.what());
+  }
 }
 
 #if __has_include(<mpi.h>)

@@ -14,6 +14,8 @@
 //   2  slower than --fail-ms
 //   3  wrong all-reduce result
 //   4  an error inside MPI or weft (every rank is aborted)
+//   124  an all-reduce passed its deadline (--comm-timeout or WEFT_COMM_TIMEOUT, default 10 minutes):
+//        a rank that never joined; every rank dumps weft-flight-<rank>.json ($WEFT_TRACE_DIR)
 //
 //   mpirun -n 64 health_check                          # the reference run
 //   mpirun -n 4 health_check --bytes 64M --rounds 20 --expect-ms 200 --fail-ms 1000
@@ -38,6 +40,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -47,6 +50,7 @@
 #include <unistd.h>
 
 #include "command_line.hpp"
+#include "json_output.hpp"
 
 namespace {
 
@@ -64,6 +68,7 @@ struct options {
   int host_rounds = 10;
   std::string backend = "auto";
   std::string json_path;
+  std::optional<std::chrono::milliseconds> comm_timeout;  // --comm-timeout, else WEFT_COMM_TIMEOUT
   bool help = false;
 };
 
@@ -77,6 +82,8 @@ constexpr const char* usage_text =
     "  --host-rounds N    rounds of the per-host all-reduce when ranks span several hosts (0: skip) [10]\n"
     "  --backend NAME     nccl (GPU buffers), mpi (host buffers), or auto: nccl when every rank sees a GPU [auto]\n"
     "  --json FILE        also write the results as JSON\n"
+    "  --comm-timeout S   deadline of each all-reduce in seconds; a rank that never joins makes the others\n"
+    "                     dump their flight recorders and end the job (exit 124); 0: none [WEFT_COMM_TIMEOUT, else 600]\n"
     "The default thresholds are for 512 MiB over 64 H100 on 400 Gb/s InfiniBand; set your own for\n"
     "other sizes and hardware.\n";
 
@@ -109,6 +116,7 @@ options parse(int argc, char** argv) {
     else if (arg == "--host-rounds") o.host_rounds = parse_integer(arg, next(), 0, most_rounds);
     else if (arg == "--backend") o.backend = next();
     else if (arg == "--json") o.json_path = next();
+    else if (arg == "--comm-timeout") o.comm_timeout = weft_programs::parse_comm_timeout_flag(arg, next());
     else if (arg == "-h" || arg == "--help") o.help = true;
     else throw usage_error("unknown option '" + arg + "'");
   }
@@ -253,6 +261,7 @@ template <class B>
 int run(const options& o) {
   using support = platform<B>;
   auto world = support::world();
+  if (o.comm_timeout) world.set_timeout(*o.comm_timeout);
   const int rank = world.rank();
   const int ranks = world.size();
 
@@ -479,7 +488,7 @@ int run(const options& o) {
     std::fflush(stdout);
 
     if (!o.json_path.empty()) {
-      std::ofstream out(o.json_path);
+      std::ofstream out = weft_programs::open_json_output(o.json_path);
       out << "{\"bytes\": " << count * sizeof(float) << ", \"ranks\": " << ranks << ", \"hosts\": " << hosts.size()
           << ", \"backend\": \"" << support::name << "\", \"warmup\": " << o.warmup << ", \"rounds\": " << o.rounds
           << ", \"avg_ms\": " << avg_ms << ", \"min_ms\": " << min_ms << ", \"max_ms\": " << max_ms

@@ -1,7 +1,7 @@
 #pragma once
 /// \file
-/// Everything this build of weft has: the core (types, errors, layouts, bucket plans, tuner)
-/// always; the MPI backend when built with MPI (WEFT_HAS_MPI); the NCCL backend when built with
+/// Everything this build of weft has: the core (types, errors, layouts, bucket plans, tuner,
+/// flight recorder and watchdog) always; the MPI backend when built with MPI (WEFT_HAS_MPI); the NCCL backend when built with
 /// CUDA and NCCL (WEFT_HAS_NCCL).
 
 #include <weft/config.hpp>
@@ -9,6 +9,7 @@
 #include <weft/backend/backend.hpp>
 #include <weft/comm/buffer.hpp>
 #include <weft/comm/communicator.hpp>
+#include <weft/comm/communicator_ref.hpp>
 #include <weft/core/dtype.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/float16.hpp>
@@ -26,11 +27,17 @@
 #include <weft/layout/process_groups.hpp>
 #include <weft/launch/device.hpp>
 #include <weft/launch/resolve.hpp>
+#include <weft/pipeline/schedules.hpp>
+#include <weft/pipeline/theory.hpp>
 #include <weft/tune/cost_model.hpp>
 #include <weft/tune/hardware.hpp>
 #include <weft/tune/model.hpp>
 #include <weft/tune/report.hpp>
 #include <weft/tune/search.hpp>
+#include <weft/trace/flight_dump.hpp>
+#include <weft/trace/flight_recorder.hpp>
+#include <weft/trace/trace_diff.hpp>
+#include <weft/trace/watchdog.hpp>
 
 #if WEFT_HAS_MPI
 #include <weft/backend/mpi/backend.hpp>

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Runs one benchmark or the health check and checks what it printed and wrote.
 
-    run_and_check.py KIND [--json FILE] [--expect-rc 0|nonzero|N] [--expect-text TEXT]... -- COMMAND...
+    run_and_check.py KIND [--json FILE] [--expect-rc 0|nonzero|N] [--expect-text TEXT]...
+                     [--expect-json KEY=VALUE]... -- COMMAND...
 
 KIND says how to read the results:
   perf      an nccl-tests-style table (allreduce_perf and siblings): every row has sizes and, per
@@ -10,6 +11,10 @@ KIND says how to read the results:
   overhead  allreduce_overhead: the JSON is a list of {"ranks", "bytes", "weft_s", "raw_s", "ratio"}.
   micro     Google Benchmark JSON (--benchmark_out) holding weft's micro-benchmarks.
   health    the health check: its JSON object, and the exit status it should give.
+  grad_sync weft_bench_grad_sync: its JSON object, and DDP's status (ok, failed or not_run) in both
+            the JSON and the table; a run without DDP must give the reason in both.
+--expect-json KEY=VALUE: the JSON object's KEY holds VALUE (a string, or a number or null as JSON
+writes it).
 Standard library only.
 """
 import json
@@ -131,13 +136,49 @@ def check_health(output, json_path, ranks):
         fail("the slowest rank is not marked in the output", output)
 
 
+def check_grad_sync(output, json_path):
+    report = load_json(json_path, output)
+    for key in ("weft_s", "weft_mean_s", "mpi_flat_s", "mpi_per_tensor_s"):
+        if not finite_positive(report.get(key)):
+            fail("%s is not a positive number: %r" % (key, report.get(key)), output)
+    if "# results correct" not in output:
+        fail("the benchmark does not report correct results", output)
+    status, reason = report.get("ddp_status"), report.get("ddp_reason")
+    ddp_line = [line for line in output.splitlines() if line.startswith("torch_ddp")]
+    if len(ddp_line) != 1:
+        fail("the table needs exactly one torch_ddp line, found %d" % len(ddp_line), output)
+    if status == "ok":
+        if not finite_positive(report.get("ddp_s")) or reason is not None:
+            fail("DDP ran but ddp_s is %r and ddp_reason %r" % (report.get("ddp_s"), reason), output)
+    elif status in ("failed", "not_run"):
+        if report.get("ddp_s") is not None:
+            fail("DDP did not run but ddp_s is %r" % report.get("ddp_s"), output)
+        if not isinstance(reason, str) or not reason:
+            fail("DDP did not run and ddp_reason does not say why: %r" % reason, output)
+        if reason not in ddp_line[0] or "not run" not in ddp_line[0]:
+            fail("the table's torch_ddp line does not give the reason %r: %r" % (reason, ddp_line[0]), output)
+    else:
+        fail("ddp_status is %r, not ok, failed or not_run" % status, output)
+
+
+def check_json_values(output, json_path, expected):
+    report = load_json(json_path, output)
+    for key, value in expected:
+        if key not in report:
+            fail("the JSON lacks %r" % key, output)
+        actual = report[key]
+        shown = actual if isinstance(actual, str) else json.dumps(actual)
+        if shown != value:
+            fail("the JSON's %r is %r, expected %r" % (key, actual, value), output)
+
+
 def main(argv):
     if "--" not in argv:
         fail("usage: run_and_check.py KIND [options] -- COMMAND...")
     split = argv.index("--")
     options, command = argv[1:split], argv[split + 1:]
     kind = options[0]
-    json_path, expect_rc, texts, ranks = None, "0", [], 2
+    json_path, expect_rc, texts, ranks, json_values = None, "0", [], 2, []
     i = 1
     while i < len(options):
         if options[i] == "--json":
@@ -148,6 +189,9 @@ def main(argv):
             texts.append(options[i + 1])
         elif options[i] == "--ranks":
             ranks = int(options[i + 1])
+        elif options[i] == "--expect-json":
+            key, _, value = options[i + 1].partition("=")
+            json_values.append((key, value))
         else:
             fail("unknown option %r" % options[i])
         i += 2
@@ -171,8 +215,12 @@ def main(argv):
     elif kind == "health":
         if json_path:
             check_health(output, json_path, ranks)
+    elif kind == "grad_sync":
+        check_grad_sync(output, json_path)
     elif kind != "plain":
         fail("unknown kind %r" % kind)
+    if json_values:
+        check_json_values(output, json_path, json_values)
     print("run_and_check: OK")
 
 

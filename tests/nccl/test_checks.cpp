@@ -42,6 +42,19 @@ struct rank_for_messages {
 
 }  // namespace
 
+// The watchdog aborts NCCL communicators from its own thread (weft/trace/watchdog.hpp).
+static_assert(weft::aborts_from_any_thread<weft::nccl_backend>,
+              "the NCCL communicator must give the watchdog an abort action");
+
+TEST_CASE("the watchdog's abort action of an invalid NCCL communicator does nothing", "[nccl]") {
+  weft::nccl_backend::comm none;
+  weft::trace::abort_action action = none.abort_action();
+  REQUIRE(action.run);
+  REQUIRE_FALSE(action.ends_process);
+  action.run(1);  // no state: nothing to abort, and no crash
+  REQUIRE_FALSE(none.valid());
+}
+
 TEST_CASE("WEFT_CHECK_CUDA throws CUDA's name and message, the call, where, rank and host", "[nccl][check]") {
   rank_for_messages rank(5);
   int line = 0;
@@ -138,17 +151,25 @@ TEST_CASE("an empty NCCL request is complete; an invalid communicator refuses wo
                     Contains("NCCL all_reduce: the communicator is not valid"));
   CHECK_THROWS_WITH(comm.split(0, 0), Contains("NCCL split: the communicator is not valid"));
   CHECK_NOTHROW(comm.abort());  // nothing to abort
+  CHECK_THROWS_WITH(comm.send(nullptr, 1, weft::dtype::float32, 0, weft::completion::async),
+                    Contains("NCCL send_async") && Contains("batch()"));
+  CHECK_THROWS_WITH(comm.recv(nullptr, 1, weft::dtype::float32, 0, weft::completion::async),
+                    Contains("NCCL recv_async") && Contains("batch()"));
   CHECK_THROWS_WITH(weft::nccl_backend::comm::init_rank(2, ncclUniqueId{}, 2), Contains("rank 2 is not within 0..1"));
 }
 
-TEST_CASE("WEFT_NCCL_TIMEOUT sets the wait limit in seconds", "[nccl]") {
+TEST_CASE("the NCCL deadline: WEFT_COMM_TIMEOUT, the deprecated WEFT_NCCL_TIMEOUT, else 10 minutes", "[nccl]") {
   using weft::detail::nccl::timeout_from_environment;
+  unsetenv("WEFT_COMM_TIMEOUT");
   setenv("WEFT_NCCL_TIMEOUT", "2.5", 1);
   CHECK(timeout_from_environment().count() == 2500);
-  setenv("WEFT_NCCL_TIMEOUT", "soon", 1);
-  CHECK_THROWS_WITH(timeout_from_environment(), Contains("WEFT_NCCL_TIMEOUT='soon' is not a number of seconds"));
+  setenv("WEFT_COMM_TIMEOUT", "7", 1);
+  CHECK(timeout_from_environment().count() == 7000);
+  setenv("WEFT_COMM_TIMEOUT", "soon", 1);
+  CHECK_THROWS_WITH(timeout_from_environment(), Contains("WEFT_COMM_TIMEOUT='soon' is not a number of seconds"));
+  unsetenv("WEFT_COMM_TIMEOUT");
   unsetenv("WEFT_NCCL_TIMEOUT");
-  CHECK(timeout_from_environment().count() == 0);
+  CHECK(timeout_from_environment().count() == 600000);
 }
 
 TEST_CASE("without a GPU driver, GPU selection says so clearly", "[nccl][nogpu]") {
@@ -192,7 +213,7 @@ TEST_CASE("without a GPU, joining an NCCL communicator fails with a clear error"
   } catch (const weft::backend_error& e) {
     CHECK(e.library() == weft::backend_library::nccl);
     CHECK(e.code() == static_cast<int>(ncclUnhandledCudaError));
-    CHECK(e.call() == "ncclCommInitRank(&handle, ranks, id, rank)");
+    CHECK(e.call() == "ncclCommInitRankConfig(&handle, ranks, id, rank, &config)");
     std::string what = e.what();
     CHECK_THAT(what, Contains(ncclGetErrorString(ncclUnhandledCudaError)));
     CHECK_THAT(what, Contains("joining an NCCL communicator as rank 0 of 1 failed: no usable GPU"));

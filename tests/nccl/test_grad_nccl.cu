@@ -17,8 +17,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <exception>
+#include <span>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include <weft/backend/cuda/device_guard.hpp>
 
 using Catch::Contains;
 
@@ -277,4 +282,86 @@ TEST_CASE("NCCL synchronizer: what a device buffer cannot do is refused with the
   backward(sync, compute.s, 0, rest);
   REQUIRE_THROWS(sync.finish());  // still no count: reported, and every bucket was reduced
   cuda_ok(cudaStreamSynchronize(compute.s));
+}
+
+TEST_CASE("NCCL scaled sums: a factor float16 cannot hold is refused before anything is enqueued") {
+  nccl_comm& dp = world();
+  const int p = dp.size();
+  const std::size_t n = 1000;
+  weft::half* data = nullptr;
+  cuda_ok(cudaMalloc(reinterpret_cast<void**>(&data), n * sizeof(weft::half)));
+  std::vector<weft::half> ones(n, weft::half(1.0f));
+  cuda_ok(cudaMemcpy(data, ones.data(), n * sizeof(weft::half), cudaMemcpyHostToDevice));
+  std::span<weft::half> span(data, n);
+  // 1/4M tokens is subnormal in float16 (about 5 % off); 2^-25 is zero: refused on every rank alike.
+  REQUIRE_THROWS_WITH(dp.all_reduce_scaled_async(span, 1.0 / 4e6), Contains("float16") && Contains("subnormal"));
+  REQUIRE_THROWS_WITH(dp.all_reduce_scaled_async(span, std::ldexp(1.0, -25)), Contains("synchronizer<B, float>"));
+  // 1/dp is exact enough: folded, and the communicator is still in step on every rank.
+  dp.all_reduce_scaled_async(span, 1.0 / p).wait();
+  std::vector<weft::half> back(n);
+  cuda_ok(cudaMemcpy(back.data(), data, n * sizeof(weft::half), cudaMemcpyDeviceToHost));
+  CHECK(static_cast<float>(back[n - 1]) == Approx(1.0f).epsilon(1e-3));
+  cudaFree(data);
+
+  // The synchronizer says so for a float16 buffer with a token count it cannot fold.
+  stream_holder compute;
+  weft::grad::synchronizer<weft::nccl_backend, weft::half> sync(dp, {.scale = weft::grad::scaling::token_count});
+  sync.set_compute_stream(compute.s);
+  sync.add_param("w", 4096);
+  sync.freeze();
+  sync.set_token_count(4e6);
+  REQUIRE_THROWS_WITH(sync.reduce_all(), Contains("float16") && Contains("synchronizer<B, float>"));
+  cuda_ok(cudaStreamSynchronize(compute.s));
+}
+
+TEST_CASE("NCCL synchronizer built on another thread: every allocation and event is on the group's device") {
+  // A fresh thread's current device is 0, whatever device the group lives on (on a machine with a
+  // GPU per rank, rank k's group is on device k): the synchronizer must use the group's.
+  nccl_comm& dp = world();
+  const int device = dp.native().device();
+  std::exception_ptr failure;
+  int thread_device_after = -1;
+  std::vector<int> buffer_devices;
+  std::vector<float> host;
+  std::thread worker([&] {
+    try {
+      cuda_ok(cudaSetDevice(0));
+      cudaStream_t compute = nullptr;
+      {
+        weft::cuda::device_guard on(device);  // the trainer's compute stream is on its GPU
+        cuda_ok(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
+      }
+      {
+        device_sync sync(dp, {.bucket_bytes = 64 << 10, .first_bucket_bytes = 16 << 10});
+        sync.set_compute_stream(compute);
+        register_all(sync);
+        cudaPointerAttributes attributes{};
+        cuda_ok(cudaPointerGetAttributes(&attributes, sync.grads().all().data()));
+        buffer_devices.push_back(attributes.device);
+        device_sync::buffer_type params(sync.shared_plan(), device);
+        cuda_ok(cudaPointerGetAttributes(&attributes, params.all().data()));
+        buffer_devices.push_back(attributes.device);
+        buffer_devices.push_back(params.device());
+        {
+          weft::cuda::device_guard on(device);
+          backward(sync, compute, 0);
+        }
+        REQUIRE(sync.finish());
+        REQUIRE(sync.last_report().buckets.size() == sync.plan().buckets().size());
+        cuda_ok(cudaStreamSynchronize(compute));
+        host.resize(sync.grads().all().size());
+        sync.grads().download(host);
+        cuda_ok(cudaGetDevice(&thread_device_after));
+        check_all(sync, compute, 1, 1.0 / dp.size(), "another thread");
+      }
+      cudaStreamDestroy(compute);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  });
+  worker.join();
+  if (failure) std::rethrow_exception(failure);
+  for (int d : buffer_devices) CHECK(d == device);
+  CHECK(thread_device_after == 0);  // weft restored the thread's own device
+  CHECK_FALSE(host.empty());
 }

@@ -1,7 +1,9 @@
 // The NCCL backend on GPUs (label gpu: `ctest -L gpu` on a machine with one GPU per rank).
 // Every collective x dtype x in-place/out-of-place x blocking/async, checked against values each
 // rank computes independently from the formula that generated every rank's input; then point to
-// point, barrier, split, agreement checks, streams, destruction with pending work, timeout, abort.
+// point, barrier, split, agreement checks, streams, destruction with pending work, deadlines (in
+// waits, destructors, unwinding, destruction, init and split), abort from another thread, two
+// ranks on one GPU, CUDA graph capture.
 #include <catch2/catch.hpp>
 
 #include "gpu_test_support.hpp"
@@ -17,7 +19,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <span>
+#include <stdexcept>
+#include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -345,12 +351,15 @@ TEST_CASE("NCCL point to point: a ring, single and batched, blocking and async",
     }
   }
 
-  SECTION("single async sends and receives") {
+  SECTION("a ring posted receive first, as one async batch (unpaired async p2p is refused)") {
     device_array<std::int64_t> out(block(r, next)), in(n);
-    auto received = comm.recv_async(in.span(), prev);
-    auto sent = comm.send_async(out.span(), next);
-    sent.wait();
-    received.wait();
+    // On their own, a receive posted before its send would hold the stream forever: refused.
+    CHECK_THROWS_WITH(comm.recv_async(in.span(), prev), Contains("batch()"));
+    CHECK_THROWS_WITH(comm.send_async(out.span(), next), Contains("batch()"));
+    auto ring = comm.batch();
+    ring.recv(in.span(), prev).send(out.span(), next);
+    auto pending = ring.run_async();
+    pending.wait();
     REQUIRE(in.download() == block(prev, r));
   }
 
@@ -496,17 +505,211 @@ TEST_CASE("NCCL abort: a stuck operation ends, its request throws, the communica
   }
   if (p > 1 && comm.rank() == 0) {
     // A receive nobody will match: it never completes by itself.
-    auto stuck = doomed->recv_async(buffer.span(), 1);
+    auto stuck = doomed->batch().recv(buffer.span(), 1).run_async();
     CHECK_FALSE(stuck.test());
     doomed->native().set_timeout(std::chrono::milliseconds(200));
-    CHECK_THROWS_WITH(stuck.wait(), Contains("did not complete within 200 ms"));
-    auto second = doomed->recv_async(buffer.span(), 1);
-    doomed->native().abort();
-    CHECK_THROWS_WITH(second.wait(), Contains("aborted"));
+    const auto start = std::chrono::steady_clock::now();
+    // The deadline aborts the communicator (the kernel stops) before the request lets go.
+    CHECK_THROWS_WITH(stuck.wait(), Contains("group_p2p did not complete within the deadline of 0.2 s"));
+    CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(30));
+    CHECK_FALSE(stuck.pending());
+    CHECK_FALSE(doomed->native().valid());
+    CHECK_THROWS_WITH(doomed->batch().recv(buffer.span(), 1).run_async(), Contains("aborted"));
   } else {
     doomed->native().abort();
   }
   CHECK_FALSE(doomed->native().valid());
   CHECK_THROWS_WITH(doomed->all_reduce(buffer.span()), Contains("the communicator was aborted"));
   comm.barrier();  // the world communicator is unaffected
+}
+
+TEST_CASE("NCCL timeout: the message names rank, host, group, operation and the wait", "[nccl][gpu]") {
+  auto& comm = world();
+  const int p = comm.size();
+  auto doomed = comm.split(0, comm.rank(), "timeout_message");
+  REQUIRE(doomed.has_value());
+  device_array<float> buffer(16);
+  if (p > 1 && comm.rank() == 0) {
+    doomed->native().set_timeout(std::chrono::milliseconds(300));
+    try {
+      doomed->batch().recv(buffer.span(), 1).run();  // blocking: waits under the deadline
+      FAIL("no timeout");
+    } catch (const weft::error& e) {
+      const std::string what = e.what();
+      CHECK_THAT(what, Contains("rank 0 of " + std::to_string(p) + " on host " + weft::detail::host_name()));
+      CHECK_THAT(what, Contains("group '"));
+      CHECK_THAT(what, Contains("group_p2p did not complete within the deadline of 0.3 s (waited"));
+      CHECK_THAT(what, Contains("aborted"));
+    }
+    CHECK_FALSE(doomed->native().valid());
+  } else {
+    doomed->native().abort();  // its peer aborted: do not wait for it at destruction
+  }
+  comm.barrier();
+}
+
+TEST_CASE("NCCL timeout: dropping a stuck request (a destructor, unwinding) does not wait forever", "[nccl][gpu]") {
+  auto& comm = world();
+  const int p = comm.size();
+  auto doomed = comm.split(0, comm.rank(), "dropped");
+  REQUIRE(doomed.has_value());
+  device_array<float> buffer(16);
+  if (p > 1 && comm.rank() == 0) {
+    doomed->native().set_timeout(std::chrono::milliseconds(300));
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      auto stuck = doomed->batch().recv(buffer.span(), 1).run_async();
+      throw std::runtime_error("unwinding past a pending request");
+    } catch (const std::runtime_error&) {
+    }
+    CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(30));
+    CHECK_FALSE(doomed->native().valid());  // the deadline aborted it
+  } else {
+    doomed->native().abort();
+  }
+  {
+    // Destroying a communicator whose work never completes: bounded by the deadline too.
+    auto gone = comm.split(0, comm.rank(), "destroyed_stuck");
+    REQUIRE(gone.has_value());
+    if (p > 1 && comm.rank() == 0) {
+      gone->native().set_timeout(std::chrono::milliseconds(300));
+      auto stuck = gone->batch().recv(buffer.span(), 1).run_async();
+      const auto start = std::chrono::steady_clock::now();
+      gone.reset();  // waits for its work under the deadline, then aborts
+      CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(30));
+      CHECK_THROWS_WITH(stuck.wait(), Contains("aborted") || Contains("destroyed"));
+    } else {
+      gone->native().abort();
+    }
+  }
+  comm.barrier();
+}
+
+TEST_CASE("NCCL abort from a watchdog thread while the owner waits", "[nccl][gpu]") {
+  auto& comm = world();
+  const int p = comm.size();
+  auto doomed = comm.split(0, comm.rank(), "watched");
+  REQUIRE(doomed.has_value());
+  device_array<float> buffer(16);
+  if (p > 1 && comm.rank() == 0) {
+    doomed->native().set_timeout(std::chrono::milliseconds(0));  // only the watchdog ends the wait
+    auto stuck = doomed->batch().recv(buffer.span(), 1).run_async();
+    auto& native = doomed->native();
+    std::thread watchdog([&native] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      native.abort();
+      native.abort();  // twice is harmless
+    });
+    CHECK_THROWS_WITH(stuck.wait(), Contains("aborted"));
+    watchdog.join();
+    CHECK_FALSE(doomed->native().valid());
+  } else {
+    doomed->native().abort();
+  }
+  comm.barrier();
+}
+
+TEST_CASE("NCCL init and split are non-blocking: a rank that never joins is a timeout", "[nccl][gpu]") {
+  auto& comm = world();
+  const int p = comm.size();
+  const char* saved = std::getenv("WEFT_COMM_TIMEOUT");
+  const std::string previous = saved != nullptr ? saved : "";
+  setenv("WEFT_COMM_TIMEOUT", "1", 1);
+  // Rank 0 of 2 of a communicator nobody else joins: this process alone, on every rank.
+  ncclUniqueId id{};
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(weft::nccl_backend::comm::init_rank(2, id, 0, std::nullopt, "lonely"),
+                    Contains("joining the communicator did not complete within the deadline of 1.0 s") &&
+                        Contains("group 'lonely'"));
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(60));
+  if (saved != nullptr)
+    setenv("WEFT_COMM_TIMEOUT", previous.c_str(), 1);
+  else
+    unsetenv("WEFT_COMM_TIMEOUT");
+
+  // A split only rank 0 joins times out on rank 0 (and aborts the communicator it split).
+  auto parent = comm.split(0, comm.rank(), "split_parent");
+  REQUIRE(parent.has_value());
+  if (p > 1 && comm.rank() == 0) {
+    parent->native().set_timeout(std::chrono::milliseconds(500));
+    CHECK_THROWS_WITH(parent->split(0, 0, "never"), Contains("split") && Contains("deadline"));
+    CHECK_FALSE(parent->native().valid());
+  } else if (p > 1) {
+    parent->native().abort();
+  }
+  comm.barrier();
+}
+
+TEST_CASE("NCCL: two ranks on one GPU fail with the ranks, host, bus id and NCCL_HOSTID", "[nccl][gpu]") {
+  // Two threads of this process join one communicator on the same device: NCCL's duplicate-GPU
+  // check refuses it (threads share the host id, so a per-process NCCL_HOSTID does not help).
+  const char* saved = std::getenv("WEFT_COMM_TIMEOUT");
+  const std::string previous = saved != nullptr ? saved : "";
+  setenv("WEFT_COMM_TIMEOUT", "60", 1);
+  ncclUniqueId id{};
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  const int device = world().native().device();
+  std::string messages[2];
+  bool joined[2] = {false, false};
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] {
+      cudaSetDevice(device);
+      try {
+        auto c = weft::nccl_backend::comm::init_rank(2, id, r);
+        joined[r] = true;
+        c.abort();
+      } catch (const std::exception& e) {
+        messages[r] = e.what();
+      }
+    });
+  for (std::thread& t : ranks) t.join();
+  if (saved != nullptr)
+    setenv("WEFT_COMM_TIMEOUT", previous.c_str(), 1);
+  else
+    unsetenv("WEFT_COMM_TIMEOUT");
+  char bus[32] = {};
+  cuda_ok(cudaDeviceGetPCIBusId(bus, sizeof(bus), device));
+  bool explained = false;
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << messages[r]);
+    CHECK_FALSE(joined[r]);
+    if (messages[r].find("on the same GPU") == std::string::npos) continue;
+    explained = true;
+    CHECK_THAT(messages[r], Contains(bus) && Contains(weft::detail::host_name()) && Contains("NCCL_HOSTID"));
+  }
+  CHECK(explained);
+}
+
+TEST_CASE("NCCL in a CUDA graph: requests made during capture complete in graph order", "[nccl][gpu]") {
+  auto& comm = world();
+  const int p = comm.size();
+  auto child = comm.split(0, comm.rank(), "graph");
+  REQUIRE(child.has_value());
+  cudaStream_t capture = nullptr;
+  cuda_ok(cudaStreamCreateWithFlags(&capture, cudaStreamNonBlocking));
+  child->native().use_stream(capture);
+  device_array<float> x(std::vector<float>(1000, 1.0f));
+  child->all_reduce(x.span());  // warm-up outside capture (connections are set up on the host)
+  x.upload(std::vector<float>(1000, 1.0f));
+  cudaGraph_t graph = nullptr;
+  cuda_ok(cudaStreamBeginCapture(capture, cudaStreamCaptureModeRelaxed));
+  auto pending = child->all_reduce_async(x.span());
+  pending.wait();  // does not query the event: that would invalidate the capture
+  CHECK(pending.test());
+  child->all_reduce(x.span());  // a blocking call during capture does not wait either
+  cuda_ok(cudaStreamEndCapture(capture, &graph));
+  REQUIRE(graph != nullptr);
+  cudaGraphExec_t exec = nullptr;
+  cuda_ok(cudaGraphInstantiate(&exec, graph, 0));
+  cuda_ok(cudaGraphLaunch(exec, capture));
+  cuda_ok(cudaStreamSynchronize(capture));
+  CHECK(x.download()[999] == static_cast<float>(p * p));
+  // Graphs are destroyed before the communicator their kernels belong to.
+  cuda_ok(cudaGraphExecDestroy(exec));
+  cuda_ok(cudaGraphDestroy(graph));
+  child->native().use_stream(std::nullopt);
+  child.reset();
+  cuda_ok(cudaStreamDestroy(capture));
 }

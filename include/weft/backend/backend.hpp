@@ -12,11 +12,15 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include <weft/core/dtype.hpp>
 #include <weft/core/reduce_op.hpp>
+#include <weft/trace/flight_recorder.hpp>
+#include <weft/trace/abort_action.hpp>
 
 namespace weft {
 
@@ -89,6 +93,30 @@ constexpr memory_space buffer_memory_v = [] {
 template <class B>
 concept runs_host_work_in_order = requires(typename B::comm& c, std::function<void()> work) {
   { c.run_in_order(std::move(work)) } -> std::same_as<typename B::request>;
+};
+
+// ---- optional hooks for the flight recorder and the watchdog (weft/trace/) -----------------
+
+/// A backend whose communicator reports when its async operations start and finish: after
+/// `c.attach_recorder(recorder)`, each async operation claims the sequence number the
+/// communicator offered (`recorder->claim()`) and marks it started and finished. Without this,
+/// async operations are recorded as `untracked` and no deadline applies to them.
+template <class B>
+concept reports_async_completion = requires(typename B::comm& c, std::shared_ptr<trace::flight_recorder> recorder) {
+  c.attach_recorder(recorder);
+};
+
+/// A backend whose communicator can be aborted from the watchdog's thread while another thread
+/// is inside one of its operations (`abort_action().run(status)`).
+template <class B>
+concept aborts_from_any_thread = requires(const typename B::comm& c) {
+  { c.abort_action() } -> std::same_as<trace::abort_action>;
+};
+
+/// A backend whose communicator knows its members' world ranks (for dumps that line up groups).
+template <class B>
+concept knows_world_ranks = requires(const typename B::comm& c) {
+  { c.world_ranks() } -> std::same_as<std::vector<int>>;
 };
 
 /// A backend: a tag type naming its communicator and request types.

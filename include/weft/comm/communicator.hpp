@@ -7,12 +7,20 @@
 /// with the same shape (one small extra all-gather), turning a hang or silent corruption into an
 /// error on every rank. Then it dispatches to the backend, which does the work.
 ///
+/// Every operation passes one choke point (`dispatch`), which records it in the communicator's
+/// flight recorder (weft/trace/flight_recorder.hpp) under a per-communicator sequence number and
+/// a deadline that the process's watchdog enforces (WEFT_COMM_TIMEOUT, default 10 minutes;
+/// weft/trace/watchdog.hpp).
+///
 /// Every operation has a blocking form (`all_reduce`) and an async form (`all_reduce_async`)
 /// returning the backend's move-only request. Out-of-place forms take (send, recv); in-place forms
 /// take one buffer. For buffers of device memory (NCCL), spans over device pointers are fine.
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -22,7 +30,13 @@
 
 #include <weft/backend/backend.hpp>
 #include <weft/comm/buffer.hpp>
+#include <weft/comm/communicator_ref.hpp>
 #include <weft/core/error.hpp>
+#include <weft/core/timeout.hpp>
+#include <weft/trace/fingerprint.hpp>
+#include <weft/trace/flight_recorder.hpp>
+#include <weft/trace/operation.hpp>
+#include <weft/trace/watchdog.hpp>
 
 namespace weft {
 
@@ -30,6 +44,8 @@ namespace weft {
 enum class check_level {
   local,          ///< sizes, roots and peers on this rank (always on; costs nothing measurable)
   communication,  ///< also that all ranks agree on the call (one extra small all-gather per collective)
+  fingerprint,    ///< every N-th collective (WEFT_CHECK_INTERVAL, default 1), that all ranks' rolling
+                  ///< fingerprints of their collectives agree; a mismatch names the first divergent call
 };
 
 /// Counters for what a communicator has issued (for tests, traces and benchmarks).
@@ -38,11 +54,26 @@ struct comm_stats {
   std::uint64_t bytes = 0;  ///< payload bytes this rank contributed (send side)
 };
 
-/// The default check level: `local`, or `communication` when WEFT_CHECK_LEVEL=communication.
+/// The default check level: `local`, or WEFT_CHECK_LEVEL (`local`, `communication`, `fingerprint`).
 inline check_level default_check_level() {
   const char* value = std::getenv("WEFT_CHECK_LEVEL");
-  return value != nullptr && std::string_view(value) == "communication" ? check_level::communication
-                                                                         : check_level::local;
+  if (value == nullptr || *value == '\0' || std::string_view(value) == "local") return check_level::local;
+  if (std::string_view(value) == "communication") return check_level::communication;
+  if (std::string_view(value) == "fingerprint") return check_level::fingerprint;
+  throw error(std::string("weft: WEFT_CHECK_LEVEL='") + value + "' is not a check level; use local, communication or fingerprint");
+}
+
+/// How many collectives apart check_level::fingerprint compares: WEFT_CHECK_INTERVAL, default 1
+/// (before every collective, so a mismatched call fails before it can hang or corrupt).
+inline std::uint64_t check_interval_from_environment() {
+  const char* value = std::getenv("WEFT_CHECK_INTERVAL");
+  if (value == nullptr || *value == '\0') return 1;
+  char* end = nullptr;
+  const unsigned long long parsed = std::strtoull(value, &end, 10);
+  if (end == value || *end != '\0' || parsed < 1 || parsed > (1u << 20))
+    throw error(std::string("weft: WEFT_CHECK_INTERVAL='") + value +
+                "' is not a number of collectives from 1 to 1048576; the default is 1");
+  return parsed;
 }
 
 template <backend B>
@@ -52,15 +83,71 @@ class communicator {
   using native_type = typename B::comm;
   using request = typename B::request;
 
-  communicator(native_type native, std::string name, check_level checks = default_check_level())
+  /// `timeout`: the deadline of each operation; by default WEFT_COMM_TIMEOUT's (10 minutes when
+  /// unset; 0: none).
+  communicator(native_type native, std::string name, check_level checks = default_check_level(),
+               std::optional<std::chrono::milliseconds> timeout = std::nullopt)
       : native_(std::move(native)), name_(std::move(name)), checks_(checks) {
     if (!native_.valid()) fail("communicator '" + name_ + "' was given an invalid native communicator");
+    if (checks_ == check_level::fingerprint) check_interval_ = check_interval_from_environment();
+    recorder_ = std::make_shared<trace::flight_recorder>(name_, rank(), size(),
+                                                         trace::flight_recorder_capacity_from_environment(),
+                                                         timeout ? *timeout : comm_timeout_from_environment());
+    if constexpr (knows_world_ranks<B>) recorder_->set_members(native_.world_ranks());
+    if constexpr (reports_async_completion<B>) native_.attach_recorder(recorder_);
+    trace::abort_action abort;
+    if constexpr (aborts_from_any_thread<B>) abort = native_.abort_action();
+    watch_ = trace::watchdog::instance().watch(recorder_, std::move(abort));
   }
 
-  communicator(communicator&&) noexcept = default;
-  communicator& operator=(communicator&&) noexcept = default;
+  /// References (ref()) follow the communicator to its new place.
+  communicator(communicator&& other) noexcept
+      : native_(std::move(other.native_)),
+        name_(std::move(other.name_)),
+        checks_(other.checks_),
+        check_interval_(other.check_interval_),
+        stats_(other.stats_),
+        recorder_(std::move(other.recorder_)),
+        watch_(std::move(other.watch_)),
+        anchor_(std::move(other.anchor_)) {
+    if (anchor_) anchor_->target = this;
+  }
+  /// References to the communicator assigned over see it as destroyed; references to `other`
+  /// follow it here.
+  communicator& operator=(communicator&& other) noexcept {
+    if (this != &other) {
+      if (anchor_) anchor_->target = nullptr;
+      native_ = std::move(other.native_);
+      name_ = std::move(other.name_);
+      checks_ = other.checks_;
+      check_interval_ = other.check_interval_;
+      stats_ = other.stats_;
+      recorder_ = std::move(other.recorder_);
+      watch_ = std::move(other.watch_);
+      anchor_ = std::move(other.anchor_);
+      if (anchor_) anchor_->target = this;
+    }
+    return *this;
+  }
   communicator(const communicator&) = delete;
   communicator& operator=(const communicator&) = delete;
+  ~communicator() {
+    if (anchor_) anchor_->target = nullptr;
+  }
+
+  /// A reference that follows this communicator through moves and throws (naming the group) once
+  /// it is destroyed: what long-lived users of a group should hold instead of a pointer.
+  communicator_ref<B> ref() {
+    if (!anchor_) anchor_ = std::make_shared<detail::communicator_anchor<B>>(detail::communicator_anchor<B>{this, name_});
+    return communicator_ref<B>(anchor_);
+  }
+
+  /// The deadline of each operation (0: none), enforced by the process's watchdog.
+  std::chrono::milliseconds timeout() const noexcept { return recorder_->timeout(); }
+  void set_timeout(std::chrono::milliseconds timeout) noexcept { recorder_->set_timeout(timeout); }
+  /// The recent operations of this communicator (weft::trace::dump_flight_recorders() writes them
+  /// with every other communicator's to weft-flight-<rank>.json).
+  const trace::flight_recorder& recorder() const noexcept { return *recorder_; }
 
   int rank() const noexcept { return native_.rank(); }
   int size() const noexcept { return native_.size(); }
@@ -76,9 +163,12 @@ class communicator {
   request all_reduce_async(S&& send, R&& recv, reduce_op op = reduce_op::sum) {
     auto [s, r] = same_typed("all_reduce", send, recv);
     expect_equal("all_reduce", "send", s.size(), "recv", r.size());
-    agree_on_call(call_kind::all_reduce, r.size(), dtype_of<buffer_element_t<R>>, op, -1);
+    agree_on_call(trace::operation::all_reduce, r.size(), dtype_of<buffer_element_t<R>>, op, -1);
     account(r.size_bytes());
-    return native_.all_reduce(s.data(), r.data(), r.size(), dtype_of<buffer_element_t<R>>, op, completion::async);
+    return dispatch(completion::async, trace::operation::all_reduce, dtype_of<buffer_element_t<R>>, r.size(), -1,
+                    static_cast<int>(op), [&](completion how) {
+                      return native_.all_reduce(s.data(), r.data(), r.size(), dtype_of<buffer_element_t<R>>, op, how);
+                    });
   }
   template <mutable_buffer R>
   request all_reduce_async(R&& inout, reduce_op op = reduce_op::sum) {
@@ -88,9 +178,12 @@ class communicator {
   void all_reduce(S&& send, R&& recv, reduce_op op = reduce_op::sum) {
     auto [s, r] = same_typed("all_reduce", send, recv);
     expect_equal("all_reduce", "send", s.size(), "recv", r.size());
-    agree_on_call(call_kind::all_reduce, r.size(), dtype_of<buffer_element_t<R>>, op, -1);
+    agree_on_call(trace::operation::all_reduce, r.size(), dtype_of<buffer_element_t<R>>, op, -1);
     account(r.size_bytes());
-    native_.all_reduce(s.data(), r.data(), r.size(), dtype_of<buffer_element_t<R>>, op, completion::blocking).wait();
+    dispatch(completion::blocking, trace::operation::all_reduce, dtype_of<buffer_element_t<R>>, r.size(), -1,
+             static_cast<int>(op), [&](completion how) {
+               return native_.all_reduce(s.data(), r.data(), r.size(), dtype_of<buffer_element_t<R>>, op, how);
+             });
   }
   template <mutable_buffer R>
   void all_reduce(R&& inout, reduce_op op = reduce_op::sum) {
@@ -106,10 +199,13 @@ class communicator {
     }
   request all_reduce_scaled_async(R&& inout, double factor) {
     std::span data(inout);
-    agree_on_call(call_kind::all_reduce, data.size(), dtype_of<buffer_element_t<R>>, reduce_op::sum, -1);
+    agree_on_call(trace::operation::all_reduce, data.size(), dtype_of<buffer_element_t<R>>, reduce_op::sum, -1);
     account(data.size_bytes());
-    return native_.all_reduce_scaled(data.data(), data.data(), data.size(), dtype_of<buffer_element_t<R>>, factor,
-                                     completion::async);
+    return dispatch(completion::async, trace::operation::all_reduce, dtype_of<buffer_element_t<R>>, data.size(), -1,
+                    static_cast<int>(reduce_op::sum), [&](completion how) {
+                      return native_.all_reduce_scaled(data.data(), data.data(), data.size(),
+                                                       dtype_of<buffer_element_t<R>>, factor, how);
+                    });
   }
   /// In place, as reduce_scatter_in_place_async: this rank's block receives the sum over ranks of
   /// `factor` x their blocks.
@@ -120,10 +216,14 @@ class communicator {
   request reduce_scatter_in_place_scaled_async(R&& buffer, double factor) {
     std::span data(buffer);
     auto block = own_block("reduce_scatter", data);
-    agree_on_call(call_kind::reduce_scatter, block.size(), dtype_of<buffer_element_t<R>>, reduce_op::sum, -1);
+    agree_on_call(trace::operation::reduce_scatter, block.size(), dtype_of<buffer_element_t<R>>, reduce_op::sum, -1);
     account(data.size_bytes());
-    return native_.reduce_scatter_scaled(data.data(), const_cast<void*>(static_cast<const void*>(block.data())),
-                                         block.size(), dtype_of<buffer_element_t<R>>, factor, completion::async);
+    return dispatch(completion::async, trace::operation::reduce_scatter, dtype_of<buffer_element_t<R>>, block.size(),
+                    -1, static_cast<int>(reduce_op::sum), [&](completion how) {
+                      return native_.reduce_scatter_scaled(data.data(),
+                                                           const_cast<void*>(static_cast<const void*>(block.data())),
+                                                           block.size(), dtype_of<buffer_element_t<R>>, factor, how);
+                    });
   }
 
   // ---- reduce (result on root only; recv is ignored elsewhere and may be empty) -------------
@@ -240,13 +340,14 @@ class communicator {
   }
 
   /// A batch of sends and receives posted together (pipeline stage exchange): build it with
-  /// `send`/`recv`, then `run()` or `run_async()`. The buffers must outlive the run.
+  /// `send`/`recv`, then `run()` or `run_async()`. The buffers must outlive the run. The batch
+  /// follows its communicator through moves and throws, naming the group, if it was destroyed.
   class p2p_batch {
    public:
     template <buffer S>
     p2p_batch& send(S&& data, int peer) {
       auto s = std::span(data);
-      owner_->check_peer("send", peer);
+      owner_.get().check_peer("send", peer);
       ops_.push_back({p2p_op::kind::send, const_cast<void*>(static_cast<const void*>(s.data())), s.size(),
                       dtype_of<buffer_element_t<S>>, peer});
       return *this;
@@ -254,38 +355,32 @@ class communicator {
     template <mutable_buffer R>
     p2p_batch& recv(R&& data, int peer) {
       auto r = std::span(data);
-      owner_->check_peer("recv", peer);
+      owner_.get().check_peer("recv", peer);
       ops_.push_back({p2p_op::kind::recv, static_cast<void*>(r.data()), r.size(), dtype_of<buffer_element_t<R>>, peer});
       return *this;
     }
-    request run_async() { return owner_->group_p2p_impl(ops_, completion::async); }
-    void run() { owner_->group_p2p_impl(ops_, completion::blocking).wait(); }
+    request run_async() { return owner_.get().group_p2p_impl(ops_, completion::async); }
+    void run() { owner_.get().group_p2p_impl(ops_, completion::blocking).wait(); }
     std::span<const p2p_op> ops() const noexcept { return ops_; }
 
    private:
     friend class communicator;
-    explicit p2p_batch(communicator* owner) : owner_(owner) {}
-    communicator* owner_;
+    explicit p2p_batch(communicator_ref<B> owner) : owner_(std::move(owner)) {}
+    communicator_ref<B> owner_;
     std::vector<p2p_op> ops_;
   };
-  p2p_batch batch() { return p2p_batch(this); }
+  p2p_batch batch() { return p2p_batch(ref()); }
 
   // ---- synchronisation, groups, agreement --------------------------------------------------
-  request barrier_async() {
-    agree_on_call(call_kind::barrier, 0, dtype::uint8, reduce_op::sum, -1);
-    return native_.barrier(completion::async);
-  }
-  void barrier() {
-    agree_on_call(call_kind::barrier, 0, dtype::uint8, reduce_op::sum, -1);
-    native_.barrier(completion::blocking).wait();
-  }
+  request barrier_async() { return barrier_impl(completion::async); }
+  void barrier() { barrier_impl(completion::blocking); }
 
   /// Splits this communicator (collective): ranks with the same color form a group, ordered by
   /// key. A negative color leaves this rank out and returns nothing.
   std::optional<communicator> split(int color, int key, std::string name) {
     native_type child = native_.split(color, key);
     if (!child.valid()) return std::nullopt;
-    return communicator(std::move(child), std::move(name), checks_);
+    return communicator(std::move(child), std::move(name), checks_, timeout());
   }
 
   /// Checks (collectively) that every rank passed the same value; otherwise throws on every rank
@@ -306,21 +401,48 @@ class communicator {
   }
 
  private:
-  enum class call_kind : std::int64_t {
-    all_reduce = 1, reduce, broadcast, all_gather, reduce_scatter, all_to_all, barrier
-  };
+  static constexpr std::string_view kind_name(trace::operation kind) { return trace::to_string(kind); }
 
-  static constexpr std::string_view kind_name(call_kind kind) {
-    switch (kind) {
-      case call_kind::all_reduce: return "all_reduce";
-      case call_kind::reduce: return "reduce";
-      case call_kind::broadcast: return "broadcast";
-      case call_kind::all_gather: return "all_gather";
-      case call_kind::reduce_scatter: return "reduce_scatter";
-      case call_kind::all_to_all: return "all_to_all";
-      case call_kind::barrier: return "barrier";
+  static constexpr bool reduces(trace::operation kind) noexcept {
+    return kind == trace::operation::all_reduce || kind == trace::operation::reduce ||
+           kind == trace::operation::reduce_scatter;
+  }
+
+  /// The one choke point every operation passes: it records the operation in the flight recorder
+  /// (sequence number, shape, times, state), then calls the backend. Blocking operations are
+  /// marked finished when the call returns; async ones by the backend when they complete
+  /// (reports_async_completion), or recorded as untracked by backends that cannot say.
+  template <class Call>
+  request dispatch(completion how, trace::operation kind, dtype type, std::size_t count, int peer, int reduction,
+                   Call&& call) {
+    if (how == completion::blocking) {
+      const std::uint64_t sequence = recorder_->issue(kind, type, count, peer, reduction, /*started=*/true);
+      try {
+        call(completion::blocking).wait();
+      } catch (...) {
+        recorder_->finish(sequence, false);
+        throw;
+      }
+      recorder_->finish(sequence);
+      return request{};
     }
-    return "?";
+    const std::uint64_t sequence = recorder_->issue(kind, type, count, peer, reduction);
+    recorder_->offer(sequence);
+    try {
+      request pending = call(completion::async);
+      if (recorder_->claim() != 0) recorder_->untracked(sequence);  // the backend did not take it
+      return pending;
+    } catch (...) {
+      recorder_->claim();
+      recorder_->finish(sequence, false);
+      throw;
+    }
+  }
+
+  request barrier_impl(completion how) {
+    agree_on_call(trace::operation::barrier, 0, dtype::uint8, reduce_op::sum, -1);
+    return dispatch(how, trace::operation::barrier, dtype::uint8, 0, -1, -1,
+                    [&](completion mode) { return native_.barrier(mode); });
   }
 
   std::string where(std::string_view operation) const {
@@ -374,13 +496,93 @@ class communicator {
   }
 
   /// With check_level::communication: all ranks exchange (call, count, dtype, op, root) and
-  /// compare, so a mismatch is an error on every rank instead of a hang or corruption.
-  void agree_on_call(call_kind kind, std::size_t count, dtype type, reduce_op op, int root) {
-    if (checks_ == check_level::communication) [[unlikely]]
-      agree_on_call_across_ranks(kind, count, type, op, root);
+  /// compare, so a mismatch is an error on every rank instead of a hang or corruption. With
+  /// check_level::fingerprint: every N-th collective, all ranks compare the rolling fingerprint of
+  /// their collectives, this one included.
+  void agree_on_call(trace::operation kind, std::size_t count, dtype type, reduce_op op, int root) {
+    if (checks_ != check_level::local) [[unlikely]] {
+      if (checks_ == check_level::communication) agree_on_call_across_ranks(kind, count, type, op, root);
+      else compare_fingerprints(kind, count, type, reduces(kind) ? static_cast<int>(op) : -1, root);
+    }
   }
 
-  [[gnu::noinline]] void agree_on_call_across_ranks(call_kind kind, std::size_t count, dtype type, reduce_op op,
+  [[gnu::noinline]] void compare_fingerprints(trace::operation kind, std::size_t count, dtype type, int reduction,
+                                              int root) {
+    const std::uint64_t index = recorder_->collectives() + 1;
+    if (index % check_interval_ != 0) return;
+    const std::uint64_t next = trace::fold_call(recorder_->fingerprint(), kind, type, count, reduction, root, index);
+    const std::int64_t mine[2] = {static_cast<std::int64_t>(index), static_cast<std::int64_t>(next)};
+    std::vector<std::int64_t> all(2 * static_cast<std::size_t>(size()));
+    native_.host_all_gather(std::span<const std::int64_t>(mine, 2), all);
+    bool same = true;
+    for (std::size_t i = 0; i < all.size(); ++i) same = same && all[i] == all[i % 2];
+    if (!same) report_divergence(kind, count, type, reduction, root, index);
+  }
+
+  /// The fingerprints differ: every rank sends its recent collectives (this one last), and all
+  /// throw the same error naming the first collective where the ranks' calls differ.
+  [[noreturn, gnu::cold, gnu::noinline]] void report_divergence(trace::operation kind, std::size_t count, dtype type,
+                                                               int reduction, int root, std::uint64_t index) {
+    constexpr std::size_t fields = 7;  // collective index, sequence, operation, dtype, count, reduction, root
+    const std::size_t window = static_cast<std::size_t>(std::min<std::uint64_t>({check_interval_, 256, index}));
+    std::vector<std::int64_t> mine(window * fields, 0);
+    auto put = [&](std::size_t row, std::uint64_t collective, std::uint64_t sequence, trace::operation op, dtype t,
+                   std::uint64_t n, int red, int rt) {
+      std::int64_t* f = &mine[row * fields];
+      f[0] = static_cast<std::int64_t>(collective);
+      f[1] = static_cast<std::int64_t>(sequence);
+      f[2] = static_cast<std::int64_t>(op);
+      f[3] = static_cast<std::int64_t>(t);
+      f[4] = static_cast<std::int64_t>(n);
+      f[5] = red;
+      f[6] = rt;
+    };
+    put(window - 1, index, recorder_->issued() + 1, kind, type, count, reduction, root);
+    const std::vector<trace::flight_record> history = recorder_->snapshot();
+    std::uint64_t collective = index - 1;
+    std::size_t row = window - 1;
+    for (auto r = history.rbegin(); r != history.rend() && row > 0 && collective > 0; ++r) {
+      if (!trace::is_collective(r->op)) continue;
+      --row;
+      put(row, collective--, r->sequence, r->op, r->type, r->count, r->reduction, r->peer);
+    }
+    std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(size()));
+    native_.host_all_gather(mine, all);
+    auto at = [&](int rank_in_group, std::size_t row_index) {
+      return &all[(static_cast<std::size_t>(rank_in_group) * window + row_index) * fields];
+    };
+    std::size_t first = window - 1;
+    for (std::size_t r = 0; r < window; ++r) {
+      bool differ = false;
+      for (int other = 1; other < size() && !differ; ++other)
+        for (std::size_t f = 0; f < fields; ++f)
+          if (f != 1 && at(other, r)[f] != at(0, r)[f]) differ = true;
+      if (differ) {
+        first = r;
+        break;
+      }
+    }
+    std::string detail;
+    for (int other = 0; other < size(); ++other) {
+      const std::int64_t* f = at(other, first);
+      detail += "\n  rank " + std::to_string(other) + ": ";
+      if (f[0] == 0) {
+        detail += "(no record)";
+        continue;
+      }
+      detail += std::string(trace::to_string(static_cast<trace::operation>(f[2]))) + " #" + std::to_string(f[1]) +
+                " of " + std::to_string(f[4]) + " x " + std::string(to_string(static_cast<dtype>(f[3])));
+      if (f[5] >= 0) detail += ", op " + std::string(to_string(static_cast<reduce_op>(f[5])));
+      if (f[6] >= 0) detail += ", root " + std::to_string(f[6]);
+    }
+    fail("group '" + name_ + "' (rank " + std::to_string(rank()) + " of " + std::to_string(size()) +
+         "): the ranks' collectives diverged at collective " + std::to_string(at(0, first)[0]) +
+         " of the group (fingerprints compared every " + std::to_string(check_interval_) +
+         " collectives; # is each rank's sequence number):" + detail +
+         "\nevery rank of a group must issue the same collectives, with the same shapes, in the same order");
+  }
+
+  [[gnu::noinline]] void agree_on_call_across_ranks(trace::operation kind, std::size_t count, dtype type, reduce_op op,
                                                     int root) {
     constexpr std::size_t fields = 5;
     std::int64_t mine[fields] = {static_cast<std::int64_t>(kind), static_cast<std::int64_t>(count),
@@ -393,7 +595,7 @@ class communicator {
     std::string detail;
     for (int r = 0; r < size(); ++r) {
       const std::int64_t* f = &all[static_cast<std::size_t>(r) * fields];
-      detail += "\n  rank " + std::to_string(r) + ": " + std::string(kind_name(static_cast<call_kind>(f[0]))) +
+      detail += "\n  rank " + std::to_string(r) + ": " + std::string(kind_name(static_cast<trace::operation>(f[0]))) +
                 " of " + std::to_string(f[1]) + " x " + std::string(to_string(static_cast<dtype>(f[2]))) +
                 ", op " + std::string(to_string(static_cast<reduce_op>(f[3]))) + ", root " + std::to_string(f[4]);
     }
@@ -405,9 +607,12 @@ class communicator {
     auto [s, r] = same_typed("reduce", send, recv);
     check_root("reduce", root);
     if (rank() == root) expect_equal("reduce", "send", s.size(), "recv (on the root)", r.size());
-    agree_on_call(call_kind::reduce, s.size(), dtype_of<buffer_element_t<R>>, op, root);
+    agree_on_call(trace::operation::reduce, s.size(), dtype_of<buffer_element_t<R>>, op, root);
     account(s.size_bytes());
-    return native_.reduce(s.data(), r.data(), s.size(), dtype_of<buffer_element_t<R>>, op, root, how);
+    return dispatch(how, trace::operation::reduce, dtype_of<buffer_element_t<R>>, s.size(), root, static_cast<int>(op),
+                    [&](completion mode) {
+                      return native_.reduce(s.data(), r.data(), s.size(), dtype_of<buffer_element_t<R>>, op, root, mode);
+                    });
   }
 
   template <class S, class R>
@@ -415,28 +620,37 @@ class communicator {
     auto [s, r] = same_typed("broadcast", send, recv);
     check_root("broadcast", root);
     if (rank() == root) expect_equal("broadcast", "send (on the root)", s.size(), "recv", r.size());
-    agree_on_call(call_kind::broadcast, r.size(), dtype_of<buffer_element_t<R>>, reduce_op::sum, root);
+    agree_on_call(trace::operation::broadcast, r.size(), dtype_of<buffer_element_t<R>>, reduce_op::sum, root);
     account(rank() == root ? r.size_bytes() : 0);
-    return native_.broadcast(s.data(), r.data(), r.size(), dtype_of<buffer_element_t<R>>, root, how);
+    return dispatch(how, trace::operation::broadcast, dtype_of<buffer_element_t<R>>, r.size(), root, -1,
+                    [&](completion mode) {
+                      return native_.broadcast(s.data(), r.data(), r.size(), dtype_of<buffer_element_t<R>>, root, mode);
+                    });
   }
 
   template <class S, class R>
   request all_gather_impl(S&& send, R&& recv, completion how) {
     auto [s, r] = same_typed("all_gather", send, recv);
     expect_equal("all_gather", "recv", r.size(), "send x group size", s.size() * static_cast<std::size_t>(size()));
-    agree_on_call(call_kind::all_gather, s.size(), dtype_of<buffer_element_t<R>>, reduce_op::sum, -1);
+    agree_on_call(trace::operation::all_gather, s.size(), dtype_of<buffer_element_t<R>>, reduce_op::sum, -1);
     account(s.size_bytes());
-    return native_.all_gather(s.data(), r.data(), s.size(), dtype_of<buffer_element_t<R>>, how);
+    return dispatch(how, trace::operation::all_gather, dtype_of<buffer_element_t<R>>, s.size(), -1, -1,
+                    [&](completion mode) {
+                      return native_.all_gather(s.data(), r.data(), s.size(), dtype_of<buffer_element_t<R>>, mode);
+                    });
   }
 
   template <class S, class R>
   request reduce_scatter_impl(S&& send, R&& recv, reduce_op op, completion how) {
     auto [s, r] = same_typed("reduce_scatter", send, recv);
     expect_equal("reduce_scatter", "send", s.size(), "recv x group size", r.size() * static_cast<std::size_t>(size()));
-    agree_on_call(call_kind::reduce_scatter, r.size(), dtype_of<buffer_element_t<R>>, op, -1);
+    agree_on_call(trace::operation::reduce_scatter, r.size(), dtype_of<buffer_element_t<R>>, op, -1);
     account(s.size_bytes());
-    return native_.reduce_scatter(s.data(), const_cast<void*>(static_cast<const void*>(r.data())), r.size(),
-                                  dtype_of<buffer_element_t<R>>, op, how);
+    return dispatch(how, trace::operation::reduce_scatter, dtype_of<buffer_element_t<R>>, r.size(), -1,
+                    static_cast<int>(op), [&](completion mode) {
+                      return native_.reduce_scatter(s.data(), const_cast<void*>(static_cast<const void*>(r.data())),
+                                                    r.size(), dtype_of<buffer_element_t<R>>, op, mode);
+                    });
   }
 
   template <class S, class R>
@@ -447,9 +661,12 @@ class communicator {
       fail(where("all_to_all") + ": buffers of " + std::to_string(s.size()) +
            " elements do not split into equal blocks for " + std::to_string(size()) + " ranks");
     std::size_t block = s.size() / static_cast<std::size_t>(size());
-    agree_on_call(call_kind::all_to_all, block, dtype_of<buffer_element_t<R>>, reduce_op::sum, -1);
+    agree_on_call(trace::operation::all_to_all, block, dtype_of<buffer_element_t<R>>, reduce_op::sum, -1);
     account(s.size_bytes());
-    return native_.all_to_all(s.data(), r.data(), block, dtype_of<buffer_element_t<R>>, how);
+    return dispatch(how, trace::operation::all_to_all, dtype_of<buffer_element_t<R>>, block, -1, -1,
+                    [&](completion mode) {
+                      return native_.all_to_all(s.data(), r.data(), block, dtype_of<buffer_element_t<R>>, mode);
+                    });
   }
 
   template <class S>
@@ -457,26 +674,37 @@ class communicator {
     auto s = std::span(data);
     check_peer("send", peer);
     account(s.size_bytes());
-    return native_.send(s.data(), s.size(), dtype_of<buffer_element_t<S>>, peer, how);
+    return dispatch(how, trace::operation::send, dtype_of<buffer_element_t<S>>, s.size(), peer, -1,
+                    [&](completion mode) { return native_.send(s.data(), s.size(), dtype_of<buffer_element_t<S>>, peer, mode); });
   }
 
   template <class R>
   request recv_impl(R&& data, int peer, completion how) {
     auto r = std::span(data);
     check_peer("recv", peer);
-    return native_.recv(r.data(), r.size(), dtype_of<buffer_element_t<R>>, peer, how);
+    return dispatch(how, trace::operation::recv, dtype_of<buffer_element_t<R>>, r.size(), peer, -1,
+                    [&](completion mode) { return native_.recv(r.data(), r.size(), dtype_of<buffer_element_t<R>>, peer, mode); });
   }
 
   request group_p2p_impl(std::span<const p2p_op> ops, completion how) {
-    for (const p2p_op& op : ops)
+    std::size_t elements = 0;
+    for (const p2p_op& op : ops) {
       if (op.direction == p2p_op::kind::send) account(op.count * size_of(op.type));
-    return native_.group_p2p(ops, how);
+      elements += op.count;
+    }
+    // One entry for the batch: its element count over all transfers, the first one's dtype.
+    return dispatch(how, trace::operation::p2p_batch, ops.empty() ? dtype::uint8 : ops.front().type, elements, -1, -1,
+                    [&](completion mode) { return native_.group_p2p(ops, mode); });
   }
 
   native_type native_;
   std::string name_;
   check_level checks_;
+  std::uint64_t check_interval_ = 1;
   comm_stats stats_;
+  std::shared_ptr<trace::flight_recorder> recorder_;
+  trace::watchdog::registration watch_;
+  std::shared_ptr<detail::communicator_anchor<B>> anchor_;
 };
 
 }  // namespace weft

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <span>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -15,6 +16,7 @@
 #include <weft/backend/backend.hpp>
 #include <weft/comm/communicator.hpp>
 #include <weft/core/dtype.hpp>
+#include <weft/core/error.hpp>
 #include <weft/grad/detail/convert.hpp>
 
 namespace weft::grad {
@@ -69,6 +71,11 @@ class comm_hook {
     (void)group;
     (void)job;
   }
+  /// Called once before the first bucket is started, with every bucket's size in elements
+  /// (padding included), indexed by bucket. Size all per-bucket state here: once buckets are in
+  /// flight, complete() may run on the backend's progress thread (see complete_is_local), so
+  /// start() must not resize anything complete() reads.
+  virtual void prepare(std::span<const std::size_t> bucket_elements) { (void)bucket_elements; }
   /// True when complete() only touches the job's memory and the hook's own state of that bucket
   /// (no communication, nothing shared between buckets): the synchronizer may then run it on the
   /// backend's progress thread right after the reduction (see runs_host_work_in_order), off the
@@ -90,13 +97,23 @@ class cast_hook final : public comm_hook<B, T> {
 
   std::string_view name() const override { return name_; }
 
+  void prepare(std::span<const std::size_t> bucket_elements) override {
+    // Sized here, never in start(): the progress thread may be converting an earlier bucket back
+    // (complete) while the caller starts the next one, and a reallocation under that reader
+    // would leave a bucket unreduced without a word.
+    conversions_.clear();
+    staging_.clear();
+    staging_.reserve(bucket_elements.size());
+    for (std::size_t n : bucket_elements) staging_.emplace_back(n);
+    conversions_.resize(bucket_elements.size());
+  }
+
   request start(communicator<B>& group, const bucket_job<T>& job) override {
-    if (staging_.size() <= job.index) {
-      staging_.resize(job.index + 1);
-      conversions_.resize(job.index + 1);
-    }
+    if (job.index >= staging_.size() || staging_[job.index].size() != job.data.size())
+      fail("cast_hook on group '" + group.name() + "': bucket " + std::to_string(job.index) + " of " +
+           std::to_string(job.data.size()) + " elements was not announced by prepare() (" +
+           std::to_string(staging_.size()) + " buckets prepared); call prepare() with every bucket's size first");
     std::vector<Wire>& wire = staging_[job.index];
-    wire.resize(job.data.size());
     std::span<const T> from = job.data;
     std::span<Wire> to = wire;
     const double scale = job.scale;

@@ -5,8 +5,8 @@
 /// optimizer state keeps its parameters in another with the same plan, so updated shards can be
 /// all-gathered in place.
 ///
-/// `M` says where the elements live: host memory (the MPI backend's buffers) or the current
-/// CUDA device's memory (the NCCL backend's). Views of a device buffer are spans of device
+/// `M` says where the elements live: host memory (the MPI backend's buffers) or a CUDA device's
+/// memory (the NCCL backend's: the current device, or the one given). Views of a device buffer are spans of device
 /// memory: pass them to kernels and to the backend, never dereference them on the host.
 
 #include <weft/config.hpp>
@@ -22,6 +22,7 @@
 #include <cuda_runtime_api.h>
 
 #include <weft/backend/cuda/check.hpp>
+#include <weft/backend/cuda/device_guard.hpp>
 #include <weft/backend/cuda/device_memory.hpp>
 #endif
 
@@ -56,19 +57,20 @@ template <element T>
 class buffer_storage<T, memory_space::device> {
  public:
   buffer_storage() = default;
-  explicit buffer_storage(std::size_t n) : memory_(n * sizeof(T)) {
-    if (n == 0) return;
-    WEFT_CHECK_CUDA(cudaMemset(memory_.data(), 0, memory_.bytes()));
-    // cudaMemset may return before it is done, and non-blocking streams (the communicator's, a
-    // trainer's compute stream) are not ordered after the default stream: wait here, once.
-    WEFT_CHECK_CUDA(cudaDeviceSynchronize());
-  }
+  /// Zeroed, on `device` (negative: the current device); complete when the constructor returns,
+  /// so work on any stream queued afterwards sees zeros.
+  buffer_storage(std::size_t n, int device) : memory_(n * sizeof(T), device) { memory_.zero(); }
   T* data() noexcept { return static_cast<T*>(memory_.data()); }
   const T* data() const noexcept { return static_cast<const T*>(memory_.data()); }
+  int device() const noexcept { return memory_.device(); }
   /// Zeroes the elements in `stream`'s order (all-zero bits are 0 in every floating-point type).
   void zero(cudaStream_t stream) {
-    if (memory_.bytes() > 0) WEFT_CHECK_CUDA(cudaMemsetAsync(memory_.data(), 0, memory_.bytes(), stream));
+    if (memory_.bytes() == 0) return;
+    cuda::device_guard on(memory_.device());
+    WEFT_CHECK_CUDA(cudaMemsetAsync(memory_.data(), 0, memory_.bytes(), stream));
   }
+  void upload(const void* host, std::size_t bytes) { memory_.copy_from_host(host, bytes); }
+  void download(void* host, std::size_t bytes) const { memory_.copy_to_host(host, bytes); }
 
  private:
   cuda::device_memory memory_;
@@ -87,13 +89,30 @@ class flat_buffer {
   /// A zeroed buffer laid out by `plan` (whose element type must be T); a device buffer is
   /// allocated on the current CUDA device.
   explicit flat_buffer(std::shared_ptr<const bucket_plan> plan) : plan_(std::move(plan)) {
-    if (!plan_) fail("flat_buffer: no bucket plan given");
-    if (plan_->type() != dtype_of<T>)
-      fail("flat_buffer: the plan is for " + std::string(to_string(plan_->type())) + " but the buffer holds " +
-           std::string(to_string(dtype_of<T>)));
-    size_ = plan_->total_elements();
-    storage_ = detail::buffer_storage<T, M>(size_);
+    check_plan();
+    if constexpr (M == memory_space::device)
+      storage_ = detail::buffer_storage<T, M>(size_, -1);
+    else
+      storage_ = detail::buffer_storage<T, M>(size_);
   }
+
+#if WEFT_HAS_CUDA
+  /// A zeroed device buffer laid out by `plan` on CUDA device `device` (a communicator's
+  /// `device()`), whatever the calling thread's current device is.
+  flat_buffer(std::shared_ptr<const bucket_plan> plan, int device)
+    requires(M == memory_space::device)
+      : plan_(std::move(plan)) {
+    check_plan();
+    storage_ = detail::buffer_storage<T, M>(size_, device);
+  }
+
+  /// The CUDA device a device buffer is on (-1 when empty).
+  int device() const noexcept
+    requires(M == memory_space::device)
+  {
+    return storage_.device();
+  }
+#endif
 
   const bucket_plan& plan() const noexcept { return *plan_; }
   std::shared_ptr<const bucket_plan> shared_plan() const noexcept { return plan_; }
@@ -128,15 +147,14 @@ class flat_buffer {
   }
 
   /// Copies `host` (the whole buffer's worth of elements) into the device buffer; complete when
-  /// it returns, so work on any stream queued afterwards sees the new values.
+  /// it returns, so work on any stream queued afterwards sees the new values. It is not ordered
+  /// after work on other streams (waiting for the whole device could wait forever on a stuck NCCL
+  /// kernel): make sure nothing in flight uses the buffer, e.g. synchronize the compute stream.
   void upload(std::span<const T> host)
     requires(M == memory_space::device)
   {
     check_host_size(host.size(), "upload");
-    if (size_ == 0) return;
-    WEFT_CHECK_CUDA(cudaDeviceSynchronize());  // work in flight on other streams may still use the buffer
-    WEFT_CHECK_CUDA(cudaMemcpy(storage_.data(), host.data(), host.size_bytes(), cudaMemcpyHostToDevice));
-    WEFT_CHECK_CUDA(cudaDeviceSynchronize());  // a pageable copy may return before its DMA ends
+    storage_.upload(host.data(), host.size_bytes());
   }
 
   /// Copies the device buffer into `host` (room for the whole buffer); blocking. It is not
@@ -145,11 +163,19 @@ class flat_buffer {
     requires(M == memory_space::device)
   {
     check_host_size(host.size(), "download");
-    if (size_ > 0) WEFT_CHECK_CUDA(cudaMemcpy(host.data(), storage_.data(), host.size_bytes(), cudaMemcpyDeviceToHost));
+    storage_.download(host.data(), host.size_bytes());
   }
 #endif
 
  private:
+  void check_plan() {
+    if (!plan_) fail("flat_buffer: no bucket plan given");
+    if (plan_->type() != dtype_of<T>)
+      fail("flat_buffer: the plan is for " + std::string(to_string(plan_->type())) + " but the buffer holds " +
+           std::string(to_string(dtype_of<T>)));
+    size_ = plan_->total_elements();
+  }
+
   std::size_t count(std::size_t param) const {
     if (param >= plan_->params().size())
       fail("flat_buffer: parameter index " + std::to_string(param) + " is out of range (" +

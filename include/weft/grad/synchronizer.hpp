@@ -32,6 +32,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <span>
@@ -45,11 +46,14 @@
 #if WEFT_HAS_CUDA
 #include <cuda_runtime_api.h>
 
+#include <weft/backend/cuda/device_guard.hpp>
 #include <weft/backend/cuda/event.hpp>
+#include <weft/backend/nccl/detail/policy.hpp>
 #endif
 
 #include <weft/backend/backend.hpp>
 #include <weft/comm/communicator.hpp>
+#include <weft/comm/communicator_ref.hpp>
 #include <weft/core/dtype.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/reduce_op.hpp>
@@ -90,8 +94,8 @@ class synchronizer {
   static constexpr bool on_device = buffer_memory_v<B> == memory_space::device;
   using buffer_type = flat_buffer<T, buffer_memory_v<B>>;
 
-  /// A synchronizer over `group` (the dp or dp-cp group); the group must outlive it.
-  explicit synchronizer(communicator<B>& group, sync_options options = {}) : group_(&group), options_(options) {
+  /// A synchronizer over `group` (the dp or dp-cp group); the group must outlive it, and may move.
+  explicit synchronizer(communicator<B>& group, sync_options options = {}) : group_(group.ref()), options_(options) {
     if (options_.accumulation_steps < 1)
       fail(where() + ": accumulation_steps is " + std::to_string(options_.accumulation_steps) +
            "; it must be at least 1 (1: reduce every step)");
@@ -129,18 +133,18 @@ class synchronizer {
     plan_options po{.bucket_bytes = options_.bucket_bytes,
                     .first_bucket_bytes = options_.first_bucket_bytes,
                     .pad_elements = options_.pad_elements,
-                    .dp = group_->size()};
+                    .dp = group().size()};
     auto plan = std::make_shared<const bucket_plan>(specs_, dtype_of<T>, po);
     std::uint64_t mode = static_cast<std::uint64_t>(options_.shard_optimizer_state) |
                          static_cast<std::uint64_t>(options_.accumulation_steps) << 1 |
                          static_cast<std::uint64_t>(options_.scale) << 32 |
                          static_cast<std::uint64_t>(options_.precision) << 40;
-    group_->expect_same_on_all_ranks(
+    group().expect_same_on_all_ranks(
         "the gradient bucket plan (parameter names, sizes and order, element type, bucket options)",
         plan->fingerprint());
-    group_->expect_same_on_all_ranks("the synchronizer options (sharding, accumulation, scaling, precision)", mode);
+    group().expect_same_on_all_ranks("the synchronizer options (sharding, accumulation, scaling, precision)", mode);
     plan_ = std::move(plan);
-    grads_ = buffer_type(plan_);
+    grads_ = make_grads();
     const std::size_t buckets = plan_->buckets().size();
     marked_.assign(specs_.size(), 0);
     pending_.assign(buckets, 0);
@@ -158,11 +162,12 @@ class synchronizer {
     build_shards();
     if constexpr (on_device) {
 #if WEFT_HAS_CUDA
-      timeline_ = detail::device_timeline(buckets);
+      timeline_ = detail::device_timeline(buckets, group().native().device());
 #endif
     } else if (options_.precision == reduce_precision::fp32 && detail::is_16bit_float_v<T>) {
       hook_ = std::make_shared<cast_hook<B, T, float>>();
     }
+    prepare_hook();
   }
 
   bool frozen() const noexcept { return plan_ != nullptr; }
@@ -175,6 +180,7 @@ class synchronizer {
       fail(where() + ": a comm hook replaces precision = fp32; use precision = own with a hook that reduces in "
            "float (cast_hook<B, T, float>)");
     hook_ = std::move(hook);
+    prepare_hook();
   }
 
   // ---- the buffer --------------------------------------------------------------------------
@@ -197,7 +203,8 @@ class synchronizer {
       if (specs_[i].name == name) return i;
     fail(where() + ": no parameter named '" + std::string(name) + "' is registered");
   }
-  communicator<B>& group() noexcept { return *group_; }
+  /// The group; it may have moved since construction, but must still exist.
+  communicator<B>& group() const { return group_.get(); }
   const sync_options& options() const noexcept { return options_; }
 
 #if WEFT_HAS_CUDA
@@ -210,7 +217,10 @@ class synchronizer {
       fail(where() + ": set_compute_stream() inside an accumulation window; set it between optimizer steps");
     // What follows on the new stream (the optimizer step) must still see the reductions that
     // the old one was made to wait for.
-    if (stream != compute_) cuda::wait_for_stream(stream, compute_);
+    if (stream != compute_) {
+      cuda::device_guard on(group().native().device());
+      cuda::wait_for_stream(stream, compute_);
+    }
     compute_ = stream;
   }
   cudaStream_t compute_stream() const noexcept
@@ -330,7 +340,7 @@ class synchronizer {
 #if WEFT_HAS_CUDA
       if (timeline_.newest_unread()) {
         drain_retired();
-        report_ = summarize(timeline_.read_newest(*plan_));
+        report_ = summarize(timeline_.read_newest(*plan_, event_waiter()));
       }
 #endif
     }
@@ -375,11 +385,12 @@ class synchronizer {
     if constexpr (on_device) {
 #if WEFT_HAS_CUDA
       // The updated shards were written on the compute stream.
-      cuda::wait_for_stream(group_->native().stream(), compute_);
+      cuda::device_guard on(group().native().device());
+      cuda::wait_for_stream(group().native().stream(), compute_);
       consumer = compute_;
 #endif
     }
-    for (std::size_t b = buckets; b-- > 0;) requests[b] = group_->all_gather_in_place_async(params.bucket_slice(b));
+    for (std::size_t b = buckets; b-- > 0;) requests[b] = group().all_gather_in_place_async(params.bucket_slice(b));
     return param_gather<B>(plan_, std::move(requests), consumer);
   }
   /// Gathers every rank's updated shard of `params` and waits (on a GPU backend: the compute
@@ -393,7 +404,24 @@ class synchronizer {
   }
 
  private:
-  std::string where() const { return "gradient synchronizer on group '" + group_->name() + "'"; }
+  std::string where() const { return "gradient synchronizer on group '" + group().name() + "'"; }
+
+  /// The gradient buffer; on a GPU backend on the group's device, not the calling thread's.
+  buffer_type make_grads() {
+    if constexpr (on_device) {
+#if WEFT_HAS_CUDA
+      return buffer_type(plan_, group().native().device());
+#endif
+    }
+    return buffer_type(plan_);
+  }
+
+#if WEFT_HAS_CUDA
+  /// Waits for a timing event by polling it with the group's NCCL error state and deadline.
+  auto event_waiter() {
+    return [this](const cuda::event& e) { group().native().wait_event(e.native(), "reading a step's GPU timings"); };
+  }
+#endif
 
   const std::shared_ptr<const bucket_plan>& checked_plan(std::string_view what) const {
     if (!plan_)
@@ -415,6 +443,15 @@ class synchronizer {
 
   bool in_window() const noexcept { return micro_ != 0 || marked_count_ != 0; }
 
+  /// Lets the hook size its per-bucket state before any bucket is in flight (it is told again
+  /// when set after freeze()).
+  void prepare_hook() {
+    if (!hook_ || !plan_) return;
+    std::vector<std::size_t> elements(plan_->buckets().size());
+    for (std::size_t b = 0; b < elements.size(); ++b) elements[b] = grads_.bucket_slice(b).size();
+    hook_->prepare(elements);
+  }
+
   double since_start() const { return std::chrono::duration<double>(clock::now() - start_).count(); }
 
   void begin_micro_step() {
@@ -429,7 +466,7 @@ class synchronizer {
       // are waited for through their requests, which notice a failed peer (an event wait would not).
       if (timeline_.next_set_unread(steps_)) {
         if (steps_ >= 2) wait_retired_through(steps_ - 2);
-        step_report old = summarize(timeline_.read(steps_, *plan_));
+        step_report old = summarize(timeline_.read(steps_, *plan_, event_waiter()));
         if (report_.buckets.empty() || old.step >= report_.step) report_ = std::move(old);
       }
       timeline_.begin(steps_, compute_);
@@ -447,7 +484,7 @@ class synchronizer {
   std::optional<double> scale_factor() const {
     switch (options_.scale) {
       case scaling::mean:
-        return 1.0 / (static_cast<double>(group_->size()) * static_cast<double>(options_.accumulation_steps));
+        return 1.0 / (static_cast<double>(group().size()) * static_cast<double>(options_.accumulation_steps));
       case scaling::sum: return 1.0;
       case scaling::token_count:
         if (token_count_) return 1.0 / *token_count_;
@@ -475,13 +512,13 @@ class synchronizer {
     timings_[b].start_s = since_start();
     if constexpr (on_device) {
 #if WEFT_HAS_CUDA
-      timeline_.bucket_start(b, compute_, group_->native().stream());
+      timeline_.bucket_start(b, compute_, group().native().stream());
 #endif
     }
-    requests_[b] = hook_ ? hook_->start(*group_, job) : start_direct(job);
+    requests_[b] = hook_ ? hook_->start(group(), job) : start_direct(job);
     if constexpr (on_device) {
 #if WEFT_HAS_CUDA
-      timeline_.bucket_issued(b, group_->native().stream());
+      timeline_.bucket_issued(b, group().native().stream());
 #endif
     }
     completed_in_epilogue_[b] = 0;
@@ -490,8 +527,8 @@ class synchronizer {
       // the time is exact, and a conversion back runs beside the caller's backward.
       if (!job.caller_waits && (!hook_ || hook_->complete_is_local())) {
         completed_in_epilogue_[b] = 1;
-        epilogues_[b] = group_->native().run_in_order([this, b] {
-          if (hook_) hook_->complete(*group_, jobs_[b]);
+        epilogues_[b] = group().native().run_in_order([this, b] {
+          if (hook_) hook_->complete(group(), jobs_[b]);
           timings_[b].end_s = since_start();
         });
       }
@@ -504,35 +541,40 @@ class synchronizer {
   /// before the sum, which also keeps 16-bit sums in range.
   request start_direct(bucket_job<T>& job) {
     reduce_op op = reduce_op::sum;
-    if (job.scale == 1.0 / static_cast<double>(group_->size()) && group_->size() > 1) {
+    if (job.scale == 1.0 / static_cast<double>(group().size()) && group().size() > 1) {
       op = reduce_op::avg;
     } else if (job.scale != 1.0) {
       if constexpr (on_device) {
-        // Folded into the reduction kernel: no pass over the bucket of its own.
-        if (job.shard) return group_->reduce_scatter_in_place_scaled_async(job.data, job.scale);
-        return group_->all_reduce_scaled_async(job.data, job.scale);
+        // Folded into the reduction kernel: no pass over the bucket of its own. The kernel
+        // applies the factor in T: one T cannot hold accurately is refused (alike on every rank).
+#if WEFT_HAS_CUDA
+        if (const auto fold = weft::detail::nccl::fold_scale_factor(job.scale, dtype_of<T>); !fold.fold)
+          fail(where() + ": " + weft::detail::nccl::unfoldable_factor_message(job.scale, dtype_of<T>, fold));
+#endif
+        if (job.shard) return group().reduce_scatter_in_place_scaled_async(job.data, job.scale);
+        return group().all_reduce_scaled_async(job.data, job.scale);
       } else {
         std::span<T> data = job.data;
         const double factor = job.scale;
-        detail::run_before_reduction(*group_, job, prologues_[job.index],
+        detail::run_before_reduction(group(), job, prologues_[job.index],
                                      [data, factor] { detail::scale_in_place<T>(data, factor); });
       }
     }
-    if (job.shard) return group_->reduce_scatter_in_place_async(job.data, op);
-    return group_->all_reduce_async(job.data, op);
+    if (job.shard) return group().reduce_scatter_in_place_async(job.data, op);
+    return group().all_reduce_async(job.data, op);
   }
 
   /// The slice of bucket b that holds a result on this rank.
   std::span<T> result_of(std::size_t b) {
     std::span<T> data = grads_.bucket_slice(b);
     if (!options_.shard_optimizer_state) return data;
-    auto [offset, count] = plan_->buckets()[b].shard(group_->rank(), group_->size());
+    auto [offset, count] = plan_->buckets()[b].shard(group().rank(), group().size());
     return grads_.all().subspan(offset, count);
   }
 
   void complete(std::size_t b) {
     if (completed_in_epilogue_[b]) return;
-    if (hook_) hook_->complete(*group_, jobs_[b]);
+    if (hook_) hook_->complete(group(), jobs_[b]);
     timings_[b].end_s = since_start();
   }
 
@@ -554,7 +596,18 @@ class synchronizer {
     if constexpr (on_device) {
       for (std::size_t b = next_complete_; b < next_issue_; ++b) (void)requests_[b].test();
     } else {
-      while (next_complete_ < next_issue_ && bucket_done(next_complete_)) complete(next_complete_++);
+      // A failure seen here is kept for finish(): thrown in the middle of backward, it would stop
+      // this rank from issuing the buckets its peers are already waiting in.
+      while (next_complete_ < next_issue_) {
+        const std::size_t b = next_complete_;
+        try {
+          if (!bucket_done(b)) return;
+          complete(b);
+        } catch (...) {
+          if (!failure_) failure_ = std::current_exception();
+        }
+        ++next_complete_;
+      }
     }
   }
 
@@ -587,36 +640,44 @@ class synchronizer {
       if (!marked_[p]) unmarked.push_back(p);
 
     bool token_count_missing = false;
-    if (last && on_device) {
-      issue_remaining();
-      end_reduction_on_device(overlap_expected);
-      for (char d : deferred_) token_count_missing = token_count_missing || d != 0;
-    } else if (last) {
-      // Issue every bucket, including those with unmarked parameters, so that the other ranks'
-      // collectives find their partners; the error is raised after.
-      issue_remaining();
-      for (std::size_t b = next_complete_; b < requests_.size(); ++b) {
-        auto t = clock::now();
-        bucket_wait(b);
-        timings_[b].exposed_s = std::chrono::duration<double>(clock::now() - t).count();
-        complete(b);
-      }
-      next_complete_ = requests_.size();
-      for (std::size_t b = 0; b < deferred_.size(); ++b) {
-        if (!deferred_[b]) continue;
-        if (!token_count_) {
-          token_count_missing = true;
-          continue;
+    // A reduction that fails (a dead peer, a hook that throws) still ends the micro-step: the
+    // marks are cleared and every bucket already issued is waited for, so the next step starts
+    // clean instead of reporting parameters "marked twice". The first failure is rethrown below.
+    std::exception_ptr failure;
+    try {
+      if (last && on_device) {
+        issue_remaining();
+        end_reduction_on_device(overlap_expected);
+        for (char d : deferred_) token_count_missing = token_count_missing || d != 0;
+      } else if (last) {
+        // Issue every bucket, including those with unmarked parameters, so that the other ranks'
+        // collectives find their partners; the error is raised after.
+        issue_remaining();
+        wait_and_complete_issued();
+        for (std::size_t b = 0; b < deferred_.size(); ++b) {
+          if (!deferred_[b]) continue;
+          if (!token_count_) {
+            token_count_missing = true;
+            continue;
+          }
+          detail::scale_in_place<T>(result_of(b), 1.0 / *token_count_);
         }
-        detail::scale_in_place<T>(result_of(b), 1.0 / *token_count_);
       }
+    } catch (...) {
+      failure = std::current_exception();
+      if constexpr (!on_device) wait_issued_ignoring_failures();
+    }
+    if (failure_) {
+      // Seen earlier, during backward: it happened first.
+      failure = failure_;
+      failure_ = nullptr;
     }
 
     // With communication checks on, every rank learns whether some rank's step was incomplete.
     std::optional<weft::error> disagreement;
-    if (group_->checks() == check_level::communication) {
+    if (!failure && group().checks() == check_level::communication) {
       try {
-        group_->expect_same_on_all_ranks("whether every parameter was marked ready in this micro-step",
+        group().expect_same_on_all_ranks("whether every parameter was marked ready in this micro-step",
                                          unmarked.size());
       } catch (const weft::error& e) {
         disagreement = e;
@@ -628,6 +689,12 @@ class synchronizer {
     marked_count_ = 0;
     reset_pending();
     micro_ = last ? 0 : micro_ + 1;
+    if (failure) {
+      // The window's gradients are lost with the failed reduction: the next backward starts a new one.
+      micro_ = 0;
+      token_count_.reset();
+      std::rethrow_exception(failure);
+    }
     if (last) {
       if constexpr (!on_device) build_report(overlap_expected, backward_end);
       ++steps_;
@@ -657,6 +724,30 @@ class synchronizer {
     return last;
   }
 
+  /// Waits for every issued bucket in order and runs its completion (host buffers).
+  void wait_and_complete_issued() {
+    for (; next_complete_ < next_issue_; ++next_complete_) {
+      const std::size_t b = next_complete_;
+      auto t = clock::now();
+      bucket_wait(b);
+      timings_[b].exposed_s = std::chrono::duration<double>(clock::now() - t).count();
+      complete(b);
+    }
+  }
+
+  /// After a failure: waits for what is still in flight so no reduction outlives the step that
+  /// issued it; further failures are the same fault seen again and are dropped.
+  void wait_issued_ignoring_failures() noexcept {
+    for (std::size_t b = 0; b < next_issue_; ++b) {
+      for (request* r : {&epilogues_[b], &prologues_[b], &requests_[b]}) {
+        try {
+          r->wait();
+        } catch (...) {
+        }
+      }
+    }
+  }
+
   /// Issues every bucket not issued yet; the caller waits for them next.
   void issue_remaining() {
     struct flag_guard {
@@ -677,7 +768,7 @@ class synchronizer {
 #if WEFT_HAS_CUDA
     if constexpr (on_device) {
       for (std::size_t b = next_complete_; b < requests_.size(); ++b)
-        if (hook_) hook_->complete(*group_, jobs_[b]);
+        if (hook_) hook_->complete(group(), jobs_[b]);
       next_complete_ = requests_.size();
       // Backward's end first: recorded after the waits, it would include them.
       timeline_.end_backward(compute_, overlap_expected, issue_s_);
@@ -688,7 +779,8 @@ class synchronizer {
       }
       if (hook_) {
         // A hook's epilogue kernels follow the requests' events on the communicator's stream.
-        cuda::wait_for_stream(compute_, group_->native().stream());
+        cuda::device_guard on(group().native().device());
+        cuda::wait_for_stream(compute_, group().native().stream());
       }
       poll_retired();
     }
@@ -755,7 +847,7 @@ class synchronizer {
     if (!options_.shard_optimizer_state) return;
     const auto buckets = plan_->buckets();
     for (std::size_t b = 0; b < buckets.size(); ++b) {
-      auto [offset, count] = buckets[b].shard(group_->rank(), group_->size());
+      auto [offset, count] = buckets[b].shard(group().rank(), group().size());
       shard_ranges_.push_back({b, offset, count});
       for (std::size_t p : buckets[b].params) {
         std::size_t lo = std::max(offset, plan_->offset_of(p));
@@ -765,7 +857,7 @@ class synchronizer {
     }
   }
 
-  communicator<B>* group_;
+  communicator_ref<B> group_;  ///< follows the communicator if it moves
   sync_options options_;
   std::vector<param_spec> specs_;
   std::shared_ptr<const bucket_plan> plan_;
@@ -800,6 +892,7 @@ class synchronizer {
 #endif
 
   bool issuing_in_finish_ = false;  ///< the caller waits for what is issued now
+  std::exception_ptr failure_;      ///< a bucket's failure seen while polling, rethrown by finish()
   std::vector<char> completed_in_epilogue_;  ///< the bucket's hook epilogue and end time ran on the progress thread
 
   struct retired_request {

@@ -20,6 +20,7 @@
 #include <source_location>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include <weft/backend/mpi/check.hpp>
 #include <weft/backend/nccl/backend.hpp>
@@ -74,8 +75,10 @@ inline ncclUniqueId exchange_unique_id(MPI_Comm comm, int root = 0) {
 }
 
 /// An NCCL communicator over the same ranks as `comm`, in the same order, on each rank's current
-/// CUDA device (collective). Operations go on a stream of its own, or on `stream`.
-inline nccl_backend::comm nccl_comm_over(MPI_Comm comm, std::optional<cudaStream_t> stream = std::nullopt) {
+/// CUDA device (collective). Operations go on a stream of its own, or on `stream`; `group` names
+/// it in messages and in NCCL's logs.
+inline nccl_backend::comm nccl_comm_over(MPI_Comm comm, std::optional<cudaStream_t> stream = std::nullopt,
+                                         std::string group = {}) {
   int rank = 0;
   int size = 0;
   WEFT_CHECK_MPI(MPI_Comm_rank(comm, &rank));
@@ -90,7 +93,7 @@ inline nccl_backend::comm nccl_comm_over(MPI_Comm comm, std::optional<cudaStream
   }
   detail::launch::agree_on_failure(failure, comm, "finding a usable GPU");
   ncclUniqueId id = exchange_unique_id(comm);
-  return nccl_backend::comm::init_rank(size, id, rank, stream);
+  return nccl_backend::comm::init_rank(size, id, rank, stream, std::move(group));
 }
 
 /// How nccl_world() starts.
@@ -124,7 +127,8 @@ inline communicator<nccl_backend> nccl_world(const nccl_world_options& options =
     }
     detail::launch::agree_on_failure(failure, options.bootstrap, "GPU selection");
   }
-  return communicator<nccl_backend>(nccl_comm_over(options.bootstrap, options.stream), "world", options.checks);
+  return communicator<nccl_backend>(nccl_comm_over(options.bootstrap, options.stream, "world"), "world",
+                                    options.checks);
 }
 
 }  // namespace weft

@@ -42,6 +42,12 @@ inline int current_device() {
   return device;
 }
 
+/// The current device, or `fallback` when CUDA cannot say (no driver, no device).
+inline int current_device_or(int fallback) noexcept {
+  int device = 0;
+  return cudaGetDevice(&device) == cudaSuccess ? device : fallback;
+}
+
 }  // namespace weft::cuda
 
 #endif  // WEFT_HAS_CUDA

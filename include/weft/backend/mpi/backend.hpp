@@ -10,6 +10,12 @@
 /// and a warning says so once.
 ///
 /// A communicator must not be used from several threads at once (as with NCCL communicators).
+///
+/// For the flight recorder and the watchdog (weft/trace/), a communicator reports when its async
+/// operations start and finish (attach_recorder), can be aborted from the watchdog's thread
+/// (abort_action: MPI_Abort, which ends the job), and knows its members' world ranks. Once
+/// MPI_Finalize has begun it makes no MPI call: operations throw, destruction skips
+/// MPI_Comm_free, and pending point-to-point requests are dropped with a message.
 
 #include <weft/config.hpp>
 
@@ -32,7 +38,10 @@
 #include <weft/backend/backend.hpp>
 #include <weft/backend/mpi/check.hpp>
 #include <weft/backend/mpi/datatypes.hpp>
+#include <weft/backend/mpi/detail/finalize_watch.hpp>
 #include <weft/backend/mpi/detail/progress_thread.hpp>
+#include <weft/trace/abort_action.hpp>
+#include <weft/trace/flight_recorder.hpp>
 
 namespace weft {
 
@@ -48,8 +57,14 @@ struct mpi_backend {
     request() = default;
     explicit request(std::shared_ptr<detail::mpi::task> item) : task_(std::move(item)) {}
     explicit request(std::vector<MPI_Request> posted) : posted_(std::move(posted)) {}
+    /// Posted requests whose completion goes into `recorder` as operation `sequence`.
+    request(std::vector<MPI_Request> posted, std::shared_ptr<trace::flight_recorder> recorder, std::uint64_t sequence)
+        : posted_(std::move(posted)), recorder_(std::move(recorder)), sequence_(sequence) {}
     request(request&& other) noexcept
-        : task_(std::move(other.task_)), posted_(std::move(other.posted_)) {
+        : task_(std::move(other.task_)),
+          posted_(std::move(other.posted_)),
+          recorder_(std::move(other.recorder_)),
+          sequence_(std::exchange(other.sequence_, 0)) {
       other.posted_.clear();
     }
     request& operator=(request&& other) noexcept {
@@ -57,6 +72,8 @@ struct mpi_backend {
         finish_quietly();
         task_ = std::move(other.task_);
         posted_ = std::move(other.posted_);
+        recorder_ = std::move(other.recorder_);
+        sequence_ = std::exchange(other.sequence_, 0);
         other.posted_.clear();
       }
       return *this;
@@ -77,10 +94,15 @@ struct mpi_backend {
     /// True when the operation is complete (then rethrows its failure, if any).
     bool test() {
       if (!posted_.empty()) {
+        if (detail::mpi::finalize_started().load(std::memory_order_relaxed)) [[unlikely]]
+          drop_after_finalize();
         int flag = 0;
-        WEFT_CHECK_MPI(MPI_Testall(static_cast<int>(posted_.size()), posted_.data(), &flag, MPI_STATUSES_IGNORE));
+        const int code = MPI_Testall(static_cast<int>(posted_.size()), posted_.data(), &flag, MPI_STATUSES_IGNORE);
+        if (code != MPI_SUCCESS) record_end(false);
+        WEFT_CHECK_MPI(code);
         if (!flag) return false;
         posted_.clear();
+        record_end(true);
       }
       if (!task_) return true;
       if (!task_->done.load(std::memory_order_acquire)) return false;
@@ -91,9 +113,13 @@ struct mpi_backend {
    private:
     [[gnu::noinline]] void wait_pending() {
       if (!posted_.empty()) {
+        if (detail::mpi::finalize_started().load(std::memory_order_relaxed)) [[unlikely]]
+          drop_after_finalize();
         auto posted = std::move(posted_);
         posted_.clear();
-        WEFT_CHECK_MPI(MPI_Waitall(static_cast<int>(posted.size()), posted.data(), MPI_STATUSES_IGNORE));
+        const int code = MPI_Waitall(static_cast<int>(posted.size()), posted.data(), MPI_STATUSES_IGNORE);
+        record_end(code == MPI_SUCCESS);
+        WEFT_CHECK_MPI(code);
       }
       if (!task_) return;
       task_->done.wait(false, std::memory_order_acquire);
@@ -102,6 +128,15 @@ struct mpi_backend {
     void consume() {
       auto item = std::move(task_);
       if (item->failure) std::rethrow_exception(item->failure);
+    }
+    void record_end(bool ok) noexcept {
+      if (recorder_) std::exchange(recorder_, nullptr)->finish(std::exchange(sequence_, 0), ok);
+    }
+    /// MPI is finalized: the posted requests can no longer be waited for or freed.
+    [[noreturn, gnu::cold]] void drop_after_finalize() {
+      posted_.clear();
+      record_end(false);
+      detail::mpi::used_after_finalize("waiting for a point-to-point request");
     }
     void finish_quietly() noexcept {
       if (!task_ && posted_.empty()) return;
@@ -115,6 +150,8 @@ struct mpi_backend {
     }
     std::shared_ptr<detail::mpi::task> task_;
     std::vector<MPI_Request> posted_;
+    std::shared_ptr<trace::flight_recorder> recorder_;  ///< posted point to point only
+    std::uint64_t sequence_ = 0;
   };
 
   class comm {
@@ -141,6 +178,7 @@ struct mpi_backend {
         size_ = other.size_;
         threads_ok_ = other.threads_ok_;
         progress_ = std::move(other.progress_);
+        recorder_ = std::move(other.recorder_);
       }
       return *this;
     }
@@ -153,10 +191,39 @@ struct mpi_backend {
     int size() const noexcept { return size_; }
     MPI_Comm native() const noexcept { return handle_; }
 
+    /// Async operations claim the sequence number the communicator offers and report to
+    /// `recorder` when they start and finish (see weft/trace/flight_recorder.hpp).
+    void attach_recorder(std::shared_ptr<trace::flight_recorder> recorder) noexcept { recorder_ = std::move(recorder); }
+
+    /// What the watchdog does to abort this communicator: MPI_Abort on MPI_COMM_WORLD (MPI has no
+    /// way to abort one communicator alone), which ends every rank of the job with `status`.
+    trace::abort_action abort_action() const {
+      return {[](int status) {
+                if (!detail::mpi::mpi_finalized()) MPI_Abort(MPI_COMM_WORLD, status);
+              },
+              /*ends_process=*/true};
+    }
+
+    /// The world rank of each member, in this communicator's rank order.
+    std::vector<int> world_ranks() const {
+      std::vector<int> world(static_cast<std::size_t>(size_));
+      if (handle_ == MPI_COMM_NULL || detail::mpi::mpi_finalized()) return {};
+      MPI_Group mine = MPI_GROUP_NULL, everyone = MPI_GROUP_NULL;
+      std::vector<int> ranks(world.size());
+      for (std::size_t i = 0; i < ranks.size(); ++i) ranks[i] = static_cast<int>(i);
+      WEFT_CHECK_MPI(MPI_Comm_group(handle_, &mine));
+      WEFT_CHECK_MPI(MPI_Comm_group(MPI_COMM_WORLD, &everyone));
+      WEFT_CHECK_MPI(MPI_Group_translate_ranks(mine, size_, ranks.data(), everyone, world.data()));
+      MPI_Group_free(&mine);
+      MPI_Group_free(&everyone);
+      return world;
+    }
+
     request all_reduce(const void* send, void* recv, std::size_t n, dtype t, reduce_op op, completion how) {
       MPI_Comm c = handle_;
       int ranks = size_;
       int count = checked_count(n);
+      detail::mpi::expect_mpi_alive("all_reduce");
       // The hot path of every trainer: a blocking call with nothing pending is the raw call.
       if (how == completion::blocking && (!progress_ || progress_->idle())) [[likely]] {
         do_all_reduce(send, recv, count, t, op, c, ranks);
@@ -250,7 +317,13 @@ struct mpi_backend {
     /// All sends and receives of the batch are posted together, then completed together.
     request group_p2p(std::span<const p2p_op> ops, completion how) {
       for (const p2p_op& op : ops) checked_count(op.count);
-      if (how == completion::async) return request(post(handle_, ops));
+      detail::mpi::expect_mpi_alive("point to point");
+      if (how == completion::async) {
+        const std::uint64_t sequence = recorder_ ? recorder_->claim() : 0;
+        if (sequence == 0) return request(post(handle_, ops));
+        recorder_->start(sequence);
+        return request(post(handle_, ops), recorder_, sequence);
+      }
       MPI_Comm c = handle_;
       if (!progress_ || progress_->idle()) {
         request(post(c, ops)).wait();
@@ -267,6 +340,7 @@ struct mpi_backend {
 
     /// Collective over this communicator; a negative color leaves this rank out (invalid result).
     comm split(int color, int key) {
+      detail::mpi::expect_mpi_alive("split");
       wait_all();
       MPI_Comm handle = MPI_COMM_NULL;
       WEFT_CHECK_MPI(MPI_Comm_split(handle_, color < 0 ? MPI_UNDEFINED : color, key, &handle));
@@ -298,6 +372,7 @@ struct mpi_backend {
 
     explicit comm(MPI_Comm handle) : handle_(handle) {
       if (handle_ == MPI_COMM_NULL) return;
+      detail::mpi::watch_for_finalize();
       WEFT_CHECK_MPI(MPI_Comm_set_errhandler(handle_, MPI_ERRORS_RETURN));
       WEFT_CHECK_MPI(MPI_Comm_rank(handle_, &rank_));
       WEFT_CHECK_MPI(MPI_Comm_size(handle_, &size_));
@@ -339,6 +414,30 @@ struct mpi_backend {
 
     template <class F>
     request run(completion how, F&& work) {
+      detail::mpi::expect_mpi_alive("a collective");
+      // An async operation the communicator recorded: report its start and end (the recorder is
+      // shared, so it outlives this communicator if the work does).
+      if (how == completion::async && recorder_) {
+        if (const std::uint64_t sequence = recorder_->claim(); sequence != 0) {
+          return run_unrecorded(how, [recorder = recorder_, sequence, work = std::forward<F>(work)]() mutable {
+            // Queued before MPI_Finalize, run after it: fail instead of calling MPI.
+            detail::mpi::expect_mpi_alive("an async operation queued before MPI_Finalize");
+            recorder->start(sequence);
+            try {
+              work();
+            } catch (...) {
+              recorder->finish(sequence, false);
+              throw;
+            }
+            recorder->finish(sequence);
+          });
+        }
+      }
+      return run_unrecorded(how, std::forward<F>(work));
+    }
+
+    template <class F>
+    request run_unrecorded(completion how, F&& work) {
       if (how == completion::blocking) {
         if (!progress_ || progress_->idle()) {
           work();  // nothing pending: the raw call, on this thread
@@ -368,11 +467,9 @@ struct mpi_backend {
     }
 
     void release() noexcept {
-      progress_.reset();  // finishes queued work first
+      progress_.reset();  // finishes queued work first (after MPI_Finalize, it fails without MPI calls)
       if (handle_ != MPI_COMM_NULL) {
-        int finalized = 0;
-        MPI_Finalized(&finalized);
-        if (!finalized) MPI_Comm_free(&handle_);
+        if (!detail::mpi::mpi_finalized()) MPI_Comm_free(&handle_);
         handle_ = MPI_COMM_NULL;
       }
     }
@@ -382,6 +479,7 @@ struct mpi_backend {
     int size_ = 0;
     bool threads_ok_ = false;
     std::unique_ptr<detail::mpi::progress_thread> progress_;
+    std::shared_ptr<trace::flight_recorder> recorder_;
   };
 };
 

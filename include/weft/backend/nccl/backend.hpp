@@ -12,8 +12,12 @@
 /// send == recv + rank·n; reduce_scatter is in place when recv == send + rank·n; all_reduce,
 /// reduce, broadcast and all_to_all are in place when send == recv. Avg is ncclAvg.
 ///
-/// A communicator must not be used from several threads at once. Destroying it waits for its
-/// pending work (aborting the NCCL communicator if that work failed), then destroys it.
+/// Communicators are created non-blocking (ncclConfig_t::blocking = 0), so joining, splitting,
+/// enqueueing and destroying all return at once and are then polled under the deadline
+/// (WEFT_COMM_TIMEOUT, 10 minutes by default): nothing waits on a peer forever, and another thread
+/// may abort() meanwhile. A communicator must otherwise not be used from several threads at once.
+/// Destroying it waits for its pending work (aborting the NCCL communicator if that work failed or
+/// passed the deadline), then destroys it.
 
 #include <weft/config.hpp>
 
@@ -30,6 +34,7 @@
 #include <cstdio>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -37,12 +42,14 @@
 #include <utility>
 
 #include <weft/backend/backend.hpp>
+#include <weft/trace/abort_action.hpp>
 #include <weft/backend/cuda/check.hpp>
 #include <weft/backend/cuda/device_guard.hpp>
 #include <weft/backend/cuda/event.hpp>
 #include <weft/backend/cuda/stream.hpp>
 #include <weft/backend/nccl/check.hpp>
 #include <weft/backend/nccl/datatypes.hpp>
+#include <weft/backend/nccl/detail/policy.hpp>
 #include <weft/backend/nccl/detail/premul_sum.hpp>
 #include <weft/backend/nccl/detail/shared_state.hpp>
 #include <weft/backend/nccl/detail/stream_buffer.hpp>
@@ -50,13 +57,30 @@
 #include <weft/backend/nccl/request.hpp>
 #include <weft/core/error.hpp>
 
+/// An NCCL call inside a use of the communicator's handle (see use_scope): ncclInProgress from a
+/// non-blocking communicator is noted and settled later; any other failure throws.
+#define WEFT_NCCL_ENQUEUE(use, call) (use).check((call), #call, std::source_location::current())
+
 namespace weft {
 
 namespace detail::nccl {
 
-/// Why joining a communicator may have failed, as far as this process can tell: most often there
-/// is no usable GPU (no driver, none visible), which NCCL reports only as "unhandled cuda error".
-inline std::string init_failure_context(int ranks, int rank) {
+/// The PCI bus id of the current device ("0000:3b:00.0"), or "unknown".
+inline std::string current_bus_id() {
+  int device = -1;
+  char id[32] = {};
+  if (cudaGetDevice(&device) != cudaSuccess || cudaDeviceGetPCIBusId(id, sizeof(id), device) != cudaSuccess)
+    return "unknown";
+  return id;
+}
+
+/// Why joining a communicator may have failed, as far as this process can tell: two ranks on one
+/// GPU (NCCL says only "Duplicate GPU"), or most often no usable GPU (no driver, none visible),
+/// which NCCL reports only as "unhandled cuda error".
+inline std::string init_failure_context(int ranks, int rank, ncclResult_t result = ncclSuccess,
+                                        const std::string& nccl_text = {}) {
+  if (result == ncclInvalidUsage && is_duplicate_gpu(nccl_text))
+    return duplicate_gpu_message(rank, ranks, host_name(), current_bus_id(), nccl_text);
   std::string joining = "joining an NCCL communicator as rank " + std::to_string(rank) + " of " +
                         std::to_string(ranks) + " failed";
   int count = 0;
@@ -75,6 +99,39 @@ inline std::string init_failure_context(int ranks, int rank) {
          "(NCCL_DEBUG=WARN shows NCCL's view)";
 }
 
+/// NCCL's last error text ("" when none).
+inline std::string last_error_text(ncclComm_t comm) {
+  const char* text = ncclGetLastError(comm);
+  return text != nullptr ? text : "";
+}
+
+/// A new communicator's configuration: non-blocking, so that joining and splitting can be polled
+/// under the deadline and aborted; named (NCCL's logs show the name) when `name` is not empty.
+inline ncclConfig_t nonblocking_config(const std::string& name) {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  if (!name.empty()) config.commName = name.c_str();
+  return config;
+}
+
+/// Polls a communicator being created (`state` holds its handle) until NCCL has finished with it;
+/// returns the outcome (ncclSuccess or an error). Past the deadline the handle is aborted and
+/// the timeout thrown.
+inline ncclResult_t settle_creation(shared_state& state, ncclResult_t result, const char* operation) {
+  if (result != ncclInProgress) return result;
+  state.poll_until(
+      [&] {
+        std::lock_guard lock(state.use);
+        ncclComm_t h = state.handle.load(std::memory_order_acquire);
+        if (h == nullptr) state.throw_gone(operation);
+        ncclResult_t queried = ncclCommGetAsyncError(h, &result);
+        if (queried != ncclSuccess) result = queried;
+        return result != ncclInProgress;
+      },
+      operation);
+  return result;
+}
+
 }  // namespace detail::nccl
 
 struct nccl_backend {
@@ -91,40 +148,50 @@ struct nccl_backend {
 
     /// Joins a new communicator of `ranks` ranks as `rank`, on the current CUDA device. Collective:
     /// every rank passes the id one of them made with ncclGetUniqueId (see weft/launch/nccl_bootstrap.hpp).
-    /// Operations go on a new stream of the communicator's own, or on `stream` if given.
+    /// Operations go on a new stream of the communicator's own, or on `stream` if given. `name`
+    /// (the group's) appears in errors and in NCCL's logs. Joining is polled under the deadline:
+    /// a rank that never joins makes the others fail with a timeout, not hang.
     static comm init_rank(int ranks, const ncclUniqueId& id, int rank,
-                          std::optional<cudaStream_t> stream = std::nullopt) {
+                          std::optional<cudaStream_t> stream = std::nullopt, std::string group = {}) {
       if (ranks <= 0 || rank < 0 || rank >= ranks)
         fail("NCCL communicator: rank " + std::to_string(rank) + " is not within 0.." + std::to_string(ranks - 1) +
              "; pass this process's rank and the number of ranks");
+      auto state = std::make_shared<detail::nccl::shared_state>();
+      state->rank = rank;
+      state->size = ranks;
+      state->name = group;
+      state->config_name = std::move(group);
+      state->timeout = detail::nccl::timeout_from_environment();
+      state->device = cuda::current_device_or(-1);
+      ncclConfig_t config = detail::nccl::nonblocking_config(state->config_name);
       ncclComm_t handle = nullptr;
-      ncclResult_t result = ncclCommInitRank(&handle, ranks, id, rank);
-      if (result != ncclSuccess)
-        detail::throw_nccl_error(result, nullptr, "ncclCommInitRank(&handle, ranks, id, rank)",
-                                 std::source_location::current(), detail::nccl::init_failure_context(ranks, rank));
-      return adopt(handle, stream);
+      ncclResult_t result = ncclCommInitRankConfig(&handle, ranks, id, rank, &config);
+      if (handle != nullptr) state->handle.store(handle, std::memory_order_release);
+      if (handle != nullptr) result = detail::nccl::settle_creation(*state, result, "joining the communicator");
+      if (result != ncclSuccess) {
+        const std::string text = detail::nccl::last_error_text(handle);
+        std::string context = detail::nccl::init_failure_context(ranks, rank, result, text);
+        state->abort();  // frees what NCCL made (non-blocking init leaves a handle behind)
+        throw backend_error(backend_library::nccl, static_cast<int>(result), detail::nccl_error_text(result, nullptr),
+                            "ncclCommInitRankConfig(&handle, ranks, id, rank, &config)",
+                            std::source_location::current(), std::move(context));
+      }
+      return from_state(std::move(state), stream);
     }
 
-    /// Takes ownership of an NCCL communicator made elsewhere (destroyed with this object).
-    static comm adopt(ncclComm_t handle, std::optional<cudaStream_t> stream = std::nullopt) {
-      comm result;
+    /// Takes ownership of an NCCL communicator made elsewhere (destroyed with this object). A
+    /// non-blocking one must have finished initialising.
+    static comm adopt(ncclComm_t handle, std::optional<cudaStream_t> stream = std::nullopt, std::string group = {}) {
+      auto state = std::make_shared<detail::nccl::shared_state>();
+      state->name = std::move(group);
+      state->handle.store(handle, std::memory_order_release);
       try {
-        result.state_ = std::make_shared<detail::nccl::shared_state>();
-        WEFT_CHECK_NCCL(ncclCommCount(handle, &result.state_->size), handle);
-        WEFT_CHECK_NCCL(ncclCommUserRank(handle, &result.state_->rank), handle);
-        WEFT_CHECK_NCCL(ncclCommCuDevice(handle, &result.state_->device), handle);
-        result.state_->timeout = detail::nccl::timeout_from_environment();
-        result.rank_ = result.state_->rank;
-        result.size_ = result.state_->size;
-        result.state_->handle.store(handle, std::memory_order_release);
-        result.use_stream(stream);
+        state->timeout = detail::nccl::timeout_from_environment();
       } catch (...) {
-        if (result.state_) result.state_->handle.store(nullptr, std::memory_order_release);
-        result.state_.reset();
-        ncclCommAbort(handle);
+        state->abort();
         throw;
       }
-      return result;
+      return from_state(std::move(state), stream);
     }
 
     comm(comm&& other) noexcept { take(other); }
@@ -148,6 +215,13 @@ struct nccl_backend {
     ncclComm_t native() const noexcept { return state_ ? state_->handle.load(std::memory_order_acquire) : nullptr; }
     /// The stream operations are enqueued on.
     cudaStream_t stream() const noexcept { return stream_; }
+    /// The group's name used in messages ("" when unnamed).
+    std::string name() const { return state_ ? state_->name : std::string(); }
+    /// Names the group in messages (a communicator wrapping this one passes its name).
+    void set_name(std::string group) {
+      check_live("set_name");
+      state_->name = std::move(group);
+    }
 
     /// Enqueues later operations on `s` (or, with nullopt, on the communicator's own stream).
     /// Work already enqueued stays ordered before them.
@@ -168,78 +242,77 @@ struct nccl_backend {
       borrowed_stream_ = s.has_value();
     }
 
-    /// How long wait() waits before throwing (0: no limit). Defaults to WEFT_NCCL_TIMEOUT seconds.
+    /// The deadline of every wait on this communicator (0: none). Defaults to WEFT_COMM_TIMEOUT
+    /// seconds (10 minutes when unset; WEFT_NCCL_TIMEOUT is a deprecated alias).
     void set_timeout(std::chrono::milliseconds timeout) {
       check_live("set_timeout");
       state_->timeout = timeout;
     }
+    std::chrono::milliseconds timeout() const noexcept {
+      return state_ ? state_->timeout : std::chrono::milliseconds(0);
+    }
 
     request all_reduce(const void* send, void* recv, std::size_t n, dtype t, reduce_op op, completion how) {
-      auto on = enter("all_reduce");
-      ncclComm_t h = handle();
-      WEFT_CHECK_NCCL(ncclAllReduce(send, recv, n, nccl_type(t), nccl_op(op), h, stream_), h);
-      return finish("all_reduce", how);
+      auto use = enter("all_reduce");
+      WEFT_NCCL_ENQUEUE(use, ncclAllReduce(send, recv, n, nccl_type(t), nccl_op(op), use.handle(), stream_));
+      return finish(use, "all_reduce", how);
     }
 
     /// `recv` matters on the root only (it may be null elsewhere).
     request reduce(const void* send, void* recv, std::size_t n, dtype t, reduce_op op, int root, completion how) {
-      auto on = enter("reduce");
-      ncclComm_t h = handle();
-      WEFT_CHECK_NCCL(ncclReduce(send, recv, n, nccl_type(t), nccl_op(op), root, h, stream_), h);
-      return finish("reduce", how);
+      auto use = enter("reduce");
+      WEFT_NCCL_ENQUEUE(use, ncclReduce(send, recv, n, nccl_type(t), nccl_op(op), root, use.handle(), stream_));
+      return finish(use, "reduce", how);
     }
 
     /// `send` matters on the root only (it may be null elsewhere).
     request broadcast(const void* send, void* recv, std::size_t n, dtype t, int root, completion how) {
-      auto on = enter("broadcast");
-      ncclComm_t h = handle();
+      auto use = enter("broadcast");
       const void* source = rank_ == root ? send : recv;  // NCCL reads send on the root only
-      WEFT_CHECK_NCCL(ncclBroadcast(source, recv, n, nccl_type(t), root, h, stream_), h);
-      return finish("broadcast", how);
+      WEFT_NCCL_ENQUEUE(use, ncclBroadcast(source, recv, n, nccl_type(t), root, use.handle(), stream_));
+      return finish(use, "broadcast", how);
     }
 
     /// In place when send == recv + rank·n.
     request all_gather(const void* send, void* recv, std::size_t n, dtype t, completion how) {
-      auto on = enter("all_gather");
-      ncclComm_t h = handle();
-      WEFT_CHECK_NCCL(ncclAllGather(send, recv, n, nccl_type(t), h, stream_), h);
-      return finish("all_gather", how);
+      auto use = enter("all_gather");
+      WEFT_NCCL_ENQUEUE(use, ncclAllGather(send, recv, n, nccl_type(t), use.handle(), stream_));
+      return finish(use, "all_gather", how);
     }
 
     /// In place when recv == send + rank·n (the result lands in this rank's block).
     request reduce_scatter(const void* send, void* recv, std::size_t n, dtype t, reduce_op op, completion how) {
-      auto on = enter("reduce_scatter");
-      ncclComm_t h = handle();
-      WEFT_CHECK_NCCL(ncclReduceScatter(send, recv, n, nccl_type(t), nccl_op(op), h, stream_), h);
-      return finish("reduce_scatter", how);
+      auto use = enter("reduce_scatter");
+      WEFT_NCCL_ENQUEUE(use, ncclReduceScatter(send, recv, n, nccl_type(t), nccl_op(op), use.handle(), stream_));
+      return finish(use, "reduce_scatter", how);
     }
 
     /// The sum over ranks of `factor` x each rank's values (floating-point types): the scaling
     /// runs inside the reduction kernel, with no pass over memory of its own. In place when
-    /// send == recv.
+    /// send == recv. A factor the element type cannot hold accurately (see fold_scale_factor) is
+    /// refused before anything is enqueued, on every rank alike.
     request all_reduce_scaled(const void* send, void* recv, std::size_t n, dtype t, double factor, completion how) {
-      auto on = enter("all_reduce_scaled");
-      ncclComm_t h = handle();
-      detail::nccl::premul_sum op(factor, t, h);
-      WEFT_CHECK_NCCL(ncclAllReduce(send, recv, n, nccl_type(t), op.op(), h, stream_), h);
-      return finish("all_reduce_scaled", how);
+      auto use = enter("all_reduce_scaled");
+      detail::nccl::premul_sum op(factor, t, *state_);
+      WEFT_NCCL_ENQUEUE(use, ncclAllReduce(send, recv, n, nccl_type(t), op.op(), use.handle(), stream_));
+      use.settle("all_reduce_scaled");
+      return finish(use, "all_reduce_scaled", how);
     }
 
     /// reduce_scatter of `factor` x each rank's values; in place when recv == send + rank·n.
     request reduce_scatter_scaled(const void* send, void* recv, std::size_t n, dtype t, double factor,
                                   completion how) {
-      auto on = enter("reduce_scatter_scaled");
-      ncclComm_t h = handle();
-      detail::nccl::premul_sum op(factor, t, h);
-      WEFT_CHECK_NCCL(ncclReduceScatter(send, recv, n, nccl_type(t), op.op(), h, stream_), h);
-      return finish("reduce_scatter_scaled", how);
+      auto use = enter("reduce_scatter_scaled");
+      detail::nccl::premul_sum op(factor, t, *state_);
+      WEFT_NCCL_ENQUEUE(use, ncclReduceScatter(send, recv, n, nccl_type(t), op.op(), use.handle(), stream_));
+      use.settle("reduce_scatter_scaled");
+      return finish(use, "reduce_scatter_scaled", how);
     }
 
     /// `n` elements per peer. Grouped send/recv (what NCCL's own all-to-all does, and available in
     /// every NCCL version); in place goes through a stream-ordered copy of the input.
     request all_to_all(const void* send, void* recv, std::size_t n, dtype t, completion how) {
-      auto on = enter("all_to_all");
-      ncclComm_t h = handle();
+      auto use = enter("all_to_all");
       const std::size_t block = n * size_of(t);
       const std::size_t total = block * static_cast<std::size_t>(size_);
       std::optional<detail::nccl::stream_buffer> copy;
@@ -253,66 +326,95 @@ struct nccl_backend {
       nccl::group_guard group;
       for (int peer = 0; peer < size_; ++peer) {
         const std::size_t offset = static_cast<std::size_t>(peer) * block;
-        WEFT_CHECK_NCCL(ncclSend(source + offset, n, nccl_type(t), peer, h, stream_), h);
-        WEFT_CHECK_NCCL(ncclRecv(target + offset, n, nccl_type(t), peer, h, stream_), h);
+        WEFT_NCCL_ENQUEUE(use, ncclSend(source + offset, n, nccl_type(t), peer, use.handle(), stream_));
+        WEFT_NCCL_ENQUEUE(use, ncclRecv(target + offset, n, nccl_type(t), peer, use.handle(), stream_));
       }
-      group.end();
-      return finish("all_to_all", how);
+      use.note(group.end());
+      return finish(use, "all_to_all", how);
     }
 
+    /// Blocking only: an async send or receive on its own (outside a group) holds the stream
+    /// until its partner arrives, so a receive posted before its send deadlocks. Use batch().
     request send(const void* buffer, std::size_t n, dtype t, int peer, completion how) {
-      auto on = enter("send");
-      ncclComm_t h = handle();
-      WEFT_CHECK_NCCL(ncclSend(buffer, n, nccl_type(t), peer, h, stream_), h);
-      return finish("send", how);
+      if (how == completion::async) refuse_unpaired("send_async");
+      auto use = enter("send");
+      WEFT_NCCL_ENQUEUE(use, ncclSend(buffer, n, nccl_type(t), peer, use.handle(), stream_));
+      return finish(use, "send", how);
     }
 
+    /// Blocking only, as send().
     request recv(void* buffer, std::size_t n, dtype t, int peer, completion how) {
-      auto on = enter("recv");
-      ncclComm_t h = handle();
-      WEFT_CHECK_NCCL(ncclRecv(buffer, n, nccl_type(t), peer, h, stream_), h);
-      return finish("recv", how);
+      if (how == completion::async) refuse_unpaired("recv_async");
+      auto use = enter("recv");
+      WEFT_NCCL_ENQUEUE(use, ncclRecv(buffer, n, nccl_type(t), peer, use.handle(), stream_));
+      return finish(use, "recv", how);
     }
 
-    /// All sends and receives of the batch in one NCCL group, so they progress together.
+    /// All sends and receives of the batch in one NCCL group, so they progress together: the way
+    /// to post p2p asynchronously on NCCL.
     request group_p2p(std::span<const p2p_op> ops, completion how) {
-      auto on = enter("group_p2p");
-      ncclComm_t h = handle();
+      auto use = enter("group_p2p");
       nccl::group_guard group;
       for (const p2p_op& op : ops) {
         if (op.direction == p2p_op::kind::send)
-          WEFT_CHECK_NCCL(ncclSend(op.buffer, op.count, nccl_type(op.type), op.peer, h, stream_), h);
+          WEFT_NCCL_ENQUEUE(use, ncclSend(op.buffer, op.count, nccl_type(op.type), op.peer, use.handle(), stream_));
         else
-          WEFT_CHECK_NCCL(ncclRecv(op.buffer, op.count, nccl_type(op.type), op.peer, h, stream_), h);
+          WEFT_NCCL_ENQUEUE(use, ncclRecv(op.buffer, op.count, nccl_type(op.type), op.peer, use.handle(), stream_));
       }
-      group.end();
-      return finish("group_p2p", how);
+      use.note(group.end());
+      return finish(use, "group_p2p", how);
     }
 
     /// NCCL has no barrier: a one-element all-reduce stands in. Its blocking form returns once
     /// every rank has reached it and this rank's earlier operations have finished.
     request barrier(completion how) {
-      auto on = enter("barrier");
-      ncclComm_t h = handle();
+      auto use = enter("barrier");
       detail::nccl::stream_buffer word(sizeof(std::int32_t), stream_);
       WEFT_CHECK_CUDA(cudaMemsetAsync(word.data(), 0, sizeof(std::int32_t), stream_));
-      WEFT_CHECK_NCCL(ncclAllReduce(word.data(), word.data(), 1, ncclInt32, ncclSum, h, stream_), h);
-      return finish("barrier", how);
+      WEFT_NCCL_ENQUEUE(use, ncclAllReduce(word.data(), word.data(), 1, ncclInt32, ncclSum, use.handle(), stream_));
+      return finish(use, "barrier", how);
     }
 
-    /// Collective over this communicator (ncclCommSplit): ranks with the same color form a group,
-    /// ordered by key; a negative color leaves this rank out (invalid result). The child uses the
-    /// parent's stream if the caller chose it, otherwise a stream of its own.
-    comm split(int color, int key) {
-      check_live("split");
-      cuda::device_guard on(state_->device);
-      ncclComm_t h = handle();
+    /// Collective over this communicator (ncclCommSplit, non-blocking and polled under the
+    /// deadline): ranks with the same color form a group, ordered by key; a negative color leaves
+    /// this rank out (invalid result). The child uses the parent's stream if the caller chose it,
+    /// otherwise a stream of its own. `group` names the child in messages and NCCL's logs (default:
+    /// derived from the parent's).
+    comm split(int color, int key, std::string group = {}) {
+      auto use = enter("split");
+      if (group.empty())
+        group = (state_->name.empty() ? std::string("unnamed") : state_->name) + "/split(color " +
+               std::to_string(color) + ")";
+      auto state = std::make_shared<detail::nccl::shared_state>();
+      state->name = group;
+      state->config_name = std::move(group);
+      state->device = state_->device;
+      state->rank = rank_;  // the parent's, until the child can say (for messages)
+      state->size = size_;
+      state->timeout = state_->timeout;
+      ncclConfig_t config = detail::nccl::nonblocking_config(state->config_name);
       ncclComm_t child = nullptr;
-      WEFT_CHECK_NCCL(ncclCommSplit(h, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, nullptr), h);
+      WEFT_NCCL_ENQUEUE(use, ncclCommSplit(use.handle(), color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config));
+      // Owned from here, so a failed or timed-out split does not leak the half-made child.
+      if (child != nullptr) state->handle.store(child, std::memory_order_release);
+      try {
+        use.settle("split");
+      } catch (...) {
+        state->abort();
+        throw;
+      }
+      use.unlock();
       if (child == nullptr) return comm();
-      comm result = adopt(child, borrowed_stream_ ? std::optional<cudaStream_t>(stream_) : std::nullopt);
-      result.state_->timeout = state_->timeout;
-      return result;
+      ncclResult_t result = detail::nccl::settle_creation(*state, ncclInProgress, "splitting the communicator");
+      if (result != ncclSuccess) {
+        const std::string text = detail::nccl::last_error_text(child);
+        state->abort();
+        throw backend_error(backend_library::nccl, static_cast<int>(result), detail::nccl_error_text(result, nullptr),
+                            "ncclCommSplit(comm, color, key, &child, &config)", std::source_location::current(),
+                            state_->describe() + ": splitting '" + state_->name + "' failed" +
+                                (text.empty() ? std::string() : ": " + text));
+      }
+      return from_state(std::move(state), borrowed_stream_ ? std::optional<cudaStream_t>(stream_) : std::nullopt);
     }
 
     /// A small all-gather of host values (agreement checks), through a temporary device buffer.
@@ -321,32 +423,43 @@ struct nccl_backend {
       if (gathered.size() != local.size() * static_cast<std::size_t>(size_))
         fail("NCCL host_all_gather: " + std::to_string(gathered.size()) + " slots for " + std::to_string(size_) +
              " ranks of " + std::to_string(local.size()) + " values; pass size() x local.size() slots");
-      auto on = enter("host_all_gather");
+      auto use = enter("host_all_gather");
       if (local.empty()) return;  // every rank passes the same size: nothing to exchange anywhere
-      ncclComm_t h = handle();
       const std::size_t bytes = local.size_bytes();
       detail::nccl::stream_buffer staging(bytes * static_cast<std::size_t>(size_), stream_);
       char* mine = staging.data() + static_cast<std::size_t>(rank_) * bytes;
       // Copies between device and pageable host memory may block the host until the stream gets
       // there, without watching for NCCL errors: let the stream drain by polling before each copy.
-      finish("host_all_gather", completion::blocking);
+      drain(use, "host_all_gather");
       WEFT_CHECK_CUDA(cudaMemcpyAsync(mine, local.data(), bytes, cudaMemcpyHostToDevice, stream_));
-      WEFT_CHECK_NCCL(ncclAllGather(mine, staging.data(), local.size(), ncclInt64, h, stream_), h);
-      finish("host_all_gather", completion::blocking);
+      WEFT_NCCL_ENQUEUE(use, ncclAllGather(mine, staging.data(), local.size(), ncclInt64, use.handle(), stream_));
+      use.settle("host_all_gather");
+      drain(use, "host_all_gather");
       WEFT_CHECK_CUDA(
           cudaMemcpyAsync(gathered.data(), staging.data(), gathered.size_bytes(), cudaMemcpyDeviceToHost, stream_));
-      WEFT_CHECK_CUDA(cudaStreamSynchronize(stream_));
+      drain(use, "host_all_gather");
     }
 
     /// Blocks until every operation enqueued on this communicator's stream has finished.
     void wait_all() {
-      auto on = enter("wait_all");
-      finish("wait_all", completion::blocking);
+      auto use = enter("wait_all");
+      finish(use, "wait_all", completion::blocking);
     }
 
-    /// NCCL's asynchronous error state (ncclSuccess while healthy).
+    /// Waits for `e` (an event recorded after this communicator's work, or after work that waits
+    /// for it) by polling it with NCCL's error state and the deadline, as requests do: the way to
+    /// wait for such events without cudaEventSynchronize, which would wait forever on a lost peer.
+    void wait_event(cudaEvent_t e, const char* operation) {
+      check_live(operation);
+      state_->wait_event(e, operation);
+    }
+
+    /// NCCL's asynchronous error state (ncclSuccess while healthy, ncclInProgress while a
+    /// non-blocking call is still being carried out).
     ncclResult_t async_error() const {
-      ncclComm_t h = native();
+      if (!state_) return ncclSuccess;
+      std::lock_guard lock(state_->use);
+      ncclComm_t h = state_->handle.load(std::memory_order_acquire);
       if (h == nullptr) return ncclSuccess;
       ncclResult_t async = ncclSuccess;
       WEFT_CHECK_NCCL(ncclCommGetAsyncError(h, &async), h);
@@ -355,19 +468,101 @@ struct nccl_backend {
 
     /// Tears the communicator down at once (ncclCommAbort), even with operations stuck on a failed
     /// peer: their kernels stop, their requests throw on wait, and the communicator becomes
-    /// invalid. The way out after an error; every rank must then build a new communicator.
-    void abort() {
-      if (!valid()) return;
-      state_->aborted.store(true, std::memory_order_release);  // before the handle goes: see request::poll
-      ncclComm_t h = state_->handle.exchange(nullptr, std::memory_order_acq_rel);
-      if (h != nullptr) WEFT_CHECK_NCCL(ncclCommAbort(h), nullptr);
+    /// invalid. The way out after an error; every rank must then build a new communicator. Safe
+    /// to call from another thread (a watchdog) while the owner waits on or polls a request.
+    void abort() noexcept {
+      if (state_) state_->abort();
+    }
+
+    /// How the process's watchdog aborts this communicator from its own thread when an operation
+    /// passes its deadline (weft/trace/watchdog.hpp): the kernels stop, the owner's waits throw.
+    trace::abort_action abort_action() const {
+      std::weak_ptr<detail::nccl::shared_state> state = state_;
+      return {[state](int) {
+                if (auto alive = state.lock()) alive->abort();
+              },
+              false};
     }
 
    private:
+    /// The use of the handle by one call: the communicator's device made current and the handle
+    /// held (abort() from another thread waits until the call has been enqueued). Non-blocking
+    /// calls that return ncclInProgress are settled, with the lock let go, before the next step.
+    class use_scope {
+     public:
+      use_scope(detail::nccl::shared_state& state, const char* operation)
+          : state_(state), on_(state.device), lock_(state.use), handle_(state.handle.load(std::memory_order_acquire)) {
+        if (handle_ == nullptr) state_.throw_gone(operation);
+      }
+      ncclComm_t handle() const noexcept { return handle_; }
+
+      /// A call's result: ncclInProgress is noted (settled later), any other failure thrown.
+      void check(ncclResult_t result, const char* call, std::source_location where) {
+        if (result == ncclSuccess) return;
+        if (result == ncclInProgress) {
+          in_progress_ = true;
+          return;
+        }
+        detail::throw_nccl_error(result, handle_, call, where, state_.describe());
+      }
+      void note(ncclResult_t result) {
+        if (result == ncclInProgress) in_progress_ = true;
+      }
+
+      /// Waits (lock let go, under the deadline) until the calls noted in progress are carried out.
+      void settle(const char* operation) {
+        if (!in_progress_) return;
+        in_progress_ = false;
+        lock_.unlock();
+        state_.settle(operation);
+        lock_.lock();
+        if (state_.handle.load(std::memory_order_acquire) != handle_) state_.throw_gone(operation);
+      }
+      void unlock() {
+        if (lock_.owns_lock()) lock_.unlock();
+      }
+      void relock(const char* operation) {
+        if (!lock_.owns_lock()) lock_.lock();
+        if (state_.handle.load(std::memory_order_acquire) != handle_) state_.throw_gone(operation);
+      }
+
+     private:
+      detail::nccl::shared_state& state_;
+      cuda::device_guard on_;
+      std::unique_lock<std::recursive_mutex> lock_;
+      ncclComm_t handle_;
+      bool in_progress_ = false;
+    };
+
     static ncclDataType_t nccl_type(dtype t) noexcept { return detail::nccl::datatype_of(t); }
     static ncclRedOp_t nccl_op(reduce_op op) noexcept { return detail::nccl::op_of(op); }
 
-    ncclComm_t handle() const noexcept { return state_->handle.load(std::memory_order_relaxed); }
+    static comm from_state(std::shared_ptr<detail::nccl::shared_state> state, std::optional<cudaStream_t> stream) {
+      comm result;
+      ncclComm_t handle = state->handle.load(std::memory_order_acquire);
+      try {
+        WEFT_CHECK_NCCL(ncclCommCount(handle, &state->size), handle);
+        WEFT_CHECK_NCCL(ncclCommUserRank(handle, &state->rank), handle);
+        WEFT_CHECK_NCCL(ncclCommCuDevice(handle, &state->device), handle);
+        result.state_ = state;
+        result.rank_ = state->rank;
+        result.size_ = state->size;
+        result.use_stream(stream);
+      } catch (...) {
+        result.state_.reset();
+        state->abort();
+        throw;
+      }
+      return result;
+    }
+
+    [[noreturn]] static void refuse_unpaired(const char* operation) {
+      fail(std::string("NCCL ") + operation +
+           ": an asynchronous send or receive on its own holds the communicator's stream until its partner "
+           "arrives, so a receive posted before its send (on any rank) deadlocks the GPU. Post them together "
+           "in one NCCL group: comm.batch().send(out, next).recv(in, prev).run_async() (or run()), or use the "
+           "blocking send()/recv() in an order that pairs them");
+    }
 
     void check_live(const char* operation) const {
       if (valid()) return;
@@ -377,17 +572,34 @@ struct nccl_backend {
                                               "or this rank was left out of a split)");
     }
 
-    /// Checks the communicator is usable and makes its device current for the operation.
-    cuda::device_guard enter(const char* operation) {
+    /// Checks the communicator is usable, makes its device current and holds its handle.
+    use_scope enter(const char* operation) {
       check_live(operation);
-      return cuda::device_guard(state_->device);
+      return use_scope(*state_, operation);
     }
 
-    /// Records the completion event after the enqueued operation; waits for it if blocking.
-    request finish(const char* operation, completion how) {
-      cuda::event done = state_->take_event();
+    /// Polls until the work queued on the stream so far has finished (lock let go meanwhile).
+    void drain(use_scope& use, const char* operation) {
+      cuda::event mark = state_->take_event();
+      mark.record(stream_);
+      use.unlock();
+      state_->wait_event(mark.native(), operation);
+      state_->give_back(std::move(mark));
+      use.relock(operation);
+    }
+
+    /// Records the completion event after the enqueued operation; waits for it if blocking. On a
+    /// stream being captured into a CUDA graph, the request completes in graph order (querying
+    /// its event during capture would invalidate the graph).
+    request finish(use_scope& use, const char* operation, completion how) {
+      use.settle(operation);
+      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+      WEFT_CHECK_CUDA(cudaStreamIsCapturing(stream_, &capture));
+      const bool captured = capture != cudaStreamCaptureStatusNone;
+      cuda::event done = captured ? cuda::event::create() : state_->take_event();
       done.record(stream_);
-      request pending(state_, std::move(done), operation);
+      use.unlock();
+      request pending(state_, std::move(done), operation, captured);
       if (how == completion::async) return pending;
       pending.wait();
       return {};
@@ -403,26 +615,31 @@ struct nccl_backend {
       size_ = std::exchange(other.size_, 0);
     }
 
+    /// Waits for pending work, then finalizes and destroys the NCCL communicator, every wait
+    /// polled under the deadline; aborts instead if the work failed or a wait timed out.
     void release() noexcept {
       if (!state_) return;
-      if (ncclComm_t h = state_->handle.load(std::memory_order_acquire); h != nullptr) {
+      if (valid()) {
         bool healthy = true;
         try {
           wait_all();
+          {
+            auto use = enter("destroying the communicator");
+            use.note(ncclCommFinalize(use.handle()));
+            use.settle("destroying the communicator (ncclCommFinalize)");
+          }
           healthy = async_error() == ncclSuccess;
         } catch (const std::exception& e) {
           std::fprintf(stderr, "weft: NCCL %s: pending work failed while the communicator was destroyed: %s\n",
                        state_->describe().c_str(), e.what());
           healthy = false;
         }
-        state_->handle.store(nullptr, std::memory_order_release);
-        if (healthy) {
+        if (!healthy) {
+          state_->abort();
+        } else if (ncclComm_t h = state_->take_handle(); h != nullptr) {
           if (ncclResult_t r = ncclCommDestroy(h); r != ncclSuccess)
             std::fprintf(stderr, "weft: NCCL %s: ncclCommDestroy failed: %s\n", state_->describe().c_str(),
                          ncclGetErrorString(r));
-        } else {
-          state_->aborted.store(true, std::memory_order_release);
-          ncclCommAbort(h);
         }
       }
       own_stream_ = cuda::stream();

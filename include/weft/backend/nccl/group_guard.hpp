@@ -11,6 +11,7 @@
 #include <nccl.h>
 
 #include <cstdio>
+#include <source_location>
 
 #include <weft/backend/nccl/check.hpp>
 
@@ -23,17 +24,21 @@ class group_guard {
   group_guard& operator=(const group_guard&) = delete;
 
   /// Closes the group: NCCL enqueues the fused operations on their streams; throws on failure.
-  void end() {
-    if (open_) {
-      open_ = false;
-      WEFT_CHECK_NCCL(ncclGroupEnd(), nullptr);
-    }
+  /// Returns ncclInProgress when a non-blocking communicator is still carrying the group out
+  /// (then poll its ncclCommGetAsyncError before the next call on it), else ncclSuccess.
+  ncclResult_t end() {
+    if (!open_) return ncclSuccess;
+    open_ = false;
+    ncclResult_t result = ncclGroupEnd();
+    if (result != ncclSuccess && result != ncclInProgress)
+      detail::throw_nccl_error(result, nullptr, "ncclGroupEnd()", std::source_location::current());
+    return result;
   }
 
   /// Closes a group left open by an exception; a failure there is reported, not thrown.
   ~group_guard() {
     if (!open_) return;
-    if (ncclResult_t result = ncclGroupEnd(); result != ncclSuccess)
+    if (ncclResult_t result = ncclGroupEnd(); result != ncclSuccess && result != ncclInProgress)
       std::fprintf(stderr, "weft: ncclGroupEnd while unwinding failed: %s\n", ncclGetErrorString(result));
   }
 

@@ -47,10 +47,11 @@ class progress_thread {
   std::shared_ptr<task> submit(std::function<void()> work) {
     auto item = std::make_shared<task>();
     item->work = std::move(work);
-    pending_.fetch_add(1, std::memory_order_acq_rel);
     {
       std::lock_guard lock(mutex_);
       queue_.push_back(item);
+      // Counted only once queued: a push that throws must not leave drain() waiting for it.
+      pending_.fetch_add(1, std::memory_order_acq_rel);
     }
     wake_.notify_one();
     return item;

@@ -1,0 +1,223 @@
+#pragma once
+/// \file
+/// The offline verifier: from a schedule alone it checks the table (every computation once, every
+/// send paired with its receive), simulates the ranks with given costs to prove that none waits
+/// forever, and reports the makespan, the bubble and the activations each stage holds.
+
+#include <weft/core/error.hpp>
+#include <weft/pipeline/detail/action_index.hpp>
+#include <weft/pipeline/schedule.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace weft::pipeline {
+
+/// Time units per action. Costs are per action, i.e. per model chunk: for an interleaved schedule
+/// of the same model, a chunk holds 1/v of a stage's layers, so give 1/v of the stage's costs.
+struct costs {
+  std::int64_t forward = 1;
+  std::int64_t backward = 2;  ///< the whole backward: input plus weight gradients
+  std::int64_t weight = 1;    ///< the weight-gradient part of `backward`, run apart by split schedules
+  std::int64_t comm = 0;      ///< added between an action and a dependent one on another rank
+};
+
+/// Every problem with `c`, each saying what to give instead; empty when valid.
+inline std::vector<std::string> validate(const costs& c) {
+  std::vector<std::string> problems;
+  if (c.forward < 1) problems.push_back("forward cost " + std::to_string(c.forward) + " is invalid: give at least 1 time unit");
+  if (c.backward < 1) problems.push_back("backward cost " + std::to_string(c.backward) + " is invalid: give at least 1 time unit");
+  if (c.weight < 0 || (c.backward >= 1 && c.weight >= c.backward))
+    problems.push_back("weight cost " + std::to_string(c.weight) + " is invalid: it is the weight-gradient part of the backward cost " +
+                       std::to_string(c.backward) + ", so give 0.." + std::to_string(std::max<std::int64_t>(c.backward - 1, 0)));
+  if (c.comm < 0) problems.push_back("communication cost " + std::to_string(c.comm) + " is invalid: give 0 or more time units");
+  return problems;
+}
+
+/// The time an action of `s` takes under `c`.
+inline std::int64_t cost_of(const schedule& s, const costs& c, action_kind kind) noexcept {
+  switch (kind) {
+    case action_kind::forward: return c.forward;
+    case action_kind::backward: return s.split_backward ? c.backward - c.weight : c.backward;
+    case action_kind::weight: return c.weight;
+  }
+  return 0;
+}
+
+/// When one action ran.
+struct action_time {
+  std::int64_t start = -1;  ///< -1: never ran (the schedule deadlocks before it)
+  std::int64_t finish = -1;
+};
+
+/// What the verifier found.
+struct verify_report {
+  /// Problems of the table: computations missing, repeated or out of range; sends without their
+  /// receive and receives without their send. Empty for every generated schedule.
+  std::vector<std::string> problems;
+  /// True when every rank ran its whole list.
+  bool deadlock_free = false;
+  /// When not: for each rank that could not finish, what its next action waits for.
+  std::vector<std::string> waits;
+  /// The time the last action finishes (of those that ran).
+  std::int64_t makespan = 0;
+  /// Idle time over stages x makespan.
+  double bubble_fraction = 0;
+  /// Busy time per rank.
+  std::vector<std::int64_t> busy;
+  /// Per rank, the most micro-batches (per chunk: (micro-batch, chunk) pairs) whose forward has run
+  /// and whose activations are not yet freed (by the backward, or by the weight gradient when the
+  /// backward is split).
+  std::vector<int> peak_in_flight;
+  /// Start and finish of every action, the same shape as `schedule::ranks`.
+  std::vector<std::vector<action_time>> times;
+
+  bool ok() const noexcept { return problems.empty() && deadlock_free; }
+};
+
+namespace detail {
+
+inline void check_pairing(const schedule& s, std::vector<std::string>& problems) {
+  constexpr std::size_t max_reported = 16;
+  // A message: (kind, micro-batch, producing virtual stage, from, to) -> sends minus receives.
+  std::map<std::tuple<int, int, int, int, int>, int> balance;
+  for (int rank = 0; rank < s.stages; ++rank) {
+    for (const action& a : s.ranks[static_cast<std::size_t>(rank)]) {
+      const action expected = with_peers(s, rank, a);
+      const std::string name = "rank " + std::to_string(rank) + "'s " + short_name(a, s.virtual_stages);
+      if (problems.size() < max_reported && a.recv_from != expected.recv_from) {
+        problems.push_back(name + (a.recv_from < 0 ? " receives nothing" : " receives from rank " + std::to_string(a.recv_from)) +
+                           ", but its input " +
+                           (expected.recv_from < 0 ? "is on the same rank" : "comes from rank " + std::to_string(expected.recv_from)));
+      }
+      if (problems.size() < max_reported && a.send_to != expected.send_to) {
+        problems.push_back(name + (a.send_to < 0 ? " sends nothing" : " sends to rank " + std::to_string(a.send_to)) + ", but its output " +
+                           (expected.send_to < 0 ? "stays on the same rank" : "is needed by rank " + std::to_string(expected.send_to)));
+      }
+      const int k = s.virtual_stage(rank, a.chunk);
+      if (a.send_to >= 0) ++balance[{static_cast<int>(a.kind), a.micro_batch, k, rank, a.send_to}];
+      if (a.recv_from >= 0 && a.kind != action_kind::weight) {
+        const work_key in = received_input(s, rank, a);
+        --balance[{static_cast<int>(in.kind), in.micro_batch, in.virtual_stage, a.recv_from, rank}];
+      }
+    }
+  }
+  for (const auto& [message, count] : balance) {
+    if (count == 0 || problems.size() >= max_reported) continue;
+    const auto& [kind, mb, k, from, to] = message;
+    const std::string what = std::string(1, letter(static_cast<action_kind>(kind))) + std::to_string(mb) +
+                             (s.virtual_stages > 1 ? "." + std::to_string(s.chunk_of(k)) : "");
+    problems.push_back(count > 0 ? "rank " + std::to_string(from) + " sends the output of " + what + " to rank " + std::to_string(to) +
+                                       ", which never receives it: a blocking send would wait forever"
+                                 : "rank " + std::to_string(to) + " receives the output of " + what + " from rank " + std::to_string(from) +
+                                       ", which never sends it: the receive would wait forever");
+  }
+}
+
+}  // namespace detail
+
+/// Checks `s` and simulates it under `c`: each rank runs its list in order; an action starts when
+/// the rank is free and its inputs are done (plus `c.comm` for an input from another rank).
+/// @throws weft::error when `c` is invalid.
+inline verify_report verify(const schedule& s, const costs& c = {}) {
+  if (std::vector<std::string> bad = validate(c); !bad.empty()) fail("invalid costs: " + bad.front());
+  verify_report report;
+  const detail::action_index index(s);
+  report.problems = index.problems();
+  if (static_cast<int>(s.ranks.size()) != s.stages) return report;
+  detail::check_pairing(s, report.problems);
+
+  const auto p = static_cast<std::size_t>(s.stages);
+  report.times.resize(p);
+  report.busy.assign(p, 0);
+  report.peak_in_flight.assign(p, 0);
+  for (std::size_t r = 0; r < p; ++r) {
+    report.times[r].resize(s.ranks[r].size());
+    int in_flight = 0;
+    for (const action& a : s.ranks[r]) {
+      if (a.kind == action_kind::forward) ++in_flight;
+      const bool frees = s.split_backward ? a.kind == action_kind::weight : a.kind == action_kind::backward;
+      if (frees) --in_flight;
+      report.peak_in_flight[r] = std::max(report.peak_in_flight[r], in_flight);
+    }
+  }
+
+  std::vector<std::size_t> next(p, 0);
+  std::vector<std::int64_t> free_at(p, 0);
+  auto finish_of = [&](const detail::work_key& key) -> std::int64_t {
+    const detail::slot& where = index.at(key);
+    if (where.rank < 0) return -1;
+    return report.times[static_cast<std::size_t>(where.rank)][static_cast<std::size_t>(where.position)].finish;
+  };
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (std::size_t r = 0; r < p; ++r) {
+      const int rank = static_cast<int>(r);
+      while (next[r] < s.ranks[r].size()) {
+        const action& a = s.ranks[r][next[r]];
+        if (a.micro_batch < 0 || a.micro_batch >= s.micro_batches || a.chunk < 0 || a.chunk >= s.virtual_stages) break;
+        std::int64_t ready = free_at[r];
+        bool runnable = true;
+        for (const detail::work_key& in : detail::inputs_of(s, {a.kind, a.micro_batch, s.virtual_stage(rank, a.chunk)})) {
+          const std::int64_t done = finish_of(in);
+          if (done < 0) {
+            runnable = false;
+            break;
+          }
+          ready = std::max(ready, done + (s.rank_of(in.virtual_stage) != rank ? c.comm : 0));
+        }
+        if (!runnable) break;
+        const std::int64_t cost = cost_of(s, c, a.kind);
+        report.times[r][next[r]] = {ready, ready + cost};
+        free_at[r] = ready + cost;
+        report.busy[r] += cost;
+        ++next[r];
+        progress = true;
+      }
+    }
+  }
+
+  report.deadlock_free = true;
+  for (std::size_t r = 0; r < p; ++r) {
+    report.makespan = std::max(report.makespan, free_at[r]);
+    if (next[r] == s.ranks[r].size()) continue;
+    report.deadlock_free = false;
+    const int rank = static_cast<int>(r);
+    const action& a = s.ranks[r][next[r]];
+    std::string wait = "rank " + std::to_string(rank) + " is stuck at its action " + std::to_string(next[r]) + " (" +
+                       short_name(a, s.virtual_stages) + ")";
+    if (a.micro_batch < 0 || a.micro_batch >= s.micro_batches || a.chunk < 0 || a.chunk >= s.virtual_stages) {
+      report.waits.push_back(wait + ", which is out of range");
+      continue;
+    }
+    std::string needs;
+    for (const detail::work_key& in : detail::inputs_of(s, {a.kind, a.micro_batch, s.virtual_stage(rank, a.chunk)})) {
+      if (finish_of(in) >= 0) continue;
+      const detail::slot& where = index.at(in);
+      needs += needs.empty() ? ", waiting for " : " and ";
+      needs += detail::key_name(s, in);
+      if (where.rank < 0) {
+        needs += ", which no rank runs";
+      } else if (where.rank == rank) {
+        needs += ", which comes later in its own list (action " + std::to_string(where.position) + ")";
+      } else {
+        needs += ", action " + std::to_string(where.position) + " of rank " + std::to_string(where.rank) + ", itself stuck at action " +
+                 std::to_string(next[static_cast<std::size_t>(where.rank)]);
+      }
+    }
+    report.waits.push_back(wait + needs);
+  }
+  std::int64_t busy = 0;
+  for (std::int64_t b : report.busy) busy += b;
+  if (report.makespan > 0) {
+    report.bubble_fraction = 1.0 - static_cast<double>(busy) / (static_cast<double>(report.makespan) * static_cast<double>(s.stages));
+  }
+  return report;
+}
+
+}  // namespace weft::pipeline

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Builds weft's tests with sanitizers and runs them (part of scripts/test.sh; run alone to look closer).
+#   scripts/sanitize.sh address [build-dir]   AddressSanitizer + UndefinedBehaviorSanitizer: every
+#                                             unit and multi-rank test (default build/asan)
+#   scripts/sanitize.sh thread [build-dir]    ThreadSanitizer: the tests of code that runs threads
+#                                             (progress threads, the gradient synchronizer, the
+#                                             communicator's async paths; default build/tsan)
+# Findings in Open MPI's own libraries are suppressed (tests/sanitizers/*.supp says why, one by one);
+# findings in weft's code fail the test.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+kind="${1:?usage: scripts/sanitize.sh address|thread [build-dir]}"
+supp="$root/tests/sanitizers"
+case "$kind" in
+  address)
+    build="${2:-$root/build/asan}"
+    flags="address,undefined"
+    # Which tests: all but GPU, the consumer projects (separate builds) and the private Slurm.
+    select=(--label-exclude 'gpu|consumer|slurm')
+    export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:exitcode=23:detect_stack_use_after_return=0"
+    export LSAN_OPTIONS="suppressions=$supp/lsan.supp:print_suppressions=0"
+    export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+    ;;
+  thread)
+    build="${2:-$root/build/tsan}"
+    flags="thread"
+    # The watchdog thread runs in every one of these (each communicator registers with it).
+    targets=(test_progress_thread test_grad_synchronizer test_grad_accumulation test_grad_sharded
+             test_comm_behaviour test_ref_and_trace test_trace)
+    select=(--tests-regex '^(test_progress_thread|test_grad_.*|test_comm_behaviour\..*|test_ref_and_trace\..*|test_trace)$'
+            --label-exclude 'gpu|consumer|slurm')
+    export TSAN_OPTIONS="suppressions=$supp/tsan.supp:halt_on_error=1:exitcode=23:second_deadlock_stack=1"
+    ;;
+  *) echo "scripts/sanitize.sh: unknown sanitizer '$kind' (address or thread)" >&2; exit 2 ;;
+esac
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_oob_tcp_if_include=lo OMPI_MCA_btl_tcp_if_include=lo
+# No CUDA in sanitizer builds (nvcc and the CUDA runtime do not take these flags); benchmarks'
+# timing loops add build time and nothing the tests do not cover.
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWEFT_SANITIZE="$flags" \
+  -DWEFT_WITH_NCCL=OFF -DWEFT_BUILD_BENCHMARKS=OFF -DWEFT_WARNINGS_AS_ERRORS=ON >/dev/null
+if [ -n "${targets+x}" ]; then
+  cmake --build "$build" --parallel "$(nproc)" --target "${targets[@]}"
+else
+  cmake --build "$build" --parallel "$(nproc)"
+fi
+ctest --test-dir "$build" --output-on-failure "${select[@]}" --parallel 1 --timeout 900

@@ -1,0 +1,275 @@
+#!/usr/bin/python3
+"""Fault-injection tests: 4 ranks of fault_program under mpiexec, one rank harmed.
+
+    fault_tests.py kill --trials 20     SIGKILL one rank mid-collective, 20 times
+    fault_tests.py stop                 SIGSTOP one rank: the others time out, dump and exit
+    fault_tests.py term                 SIGTERM one rank: every rank ends, dumping, without a hang
+    fault_tests.py mismatch KIND        one rank calls a different collective (count, dtype, op,
+                                        order) under WEFT_CHECK_LEVEL=fingerprint
+    common: --mpiexec PATH --program PATH [--trace-diff PATH] [--deadline SECONDS]
+
+What Open MPI does, and so what is asserted: when a rank dies by a signal (SIGKILL, SIGTERM),
+mpiexec itself ends the job: it says which rank died and sends SIGTERM to the others, whose
+watchdogs then write their flight recorders and say which operation they were in. A stopped rank
+does not die, so the others' deadlines expire: they print the timeout message, dump, and MPI_Abort
+with status 124. In every case every rank must be gone within 2 x the deadline of the harm.
+Standard library only.
+"""
+import argparse
+import glob
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+RANKS = 4
+
+
+def fail(message, output=""):
+    if output:
+        sys.stderr.write(output[-8000:] + "\n")
+    sys.stderr.write("fault_tests: FAILED: " + message + "\n")
+    sys.exit(1)
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is gone for our purposes.
+    try:
+        with open("/proc/%d/stat" % pid) as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class job:
+    """mpiexec -n 4 fault_program DIR ARGS..., with the rank pids it wrote."""
+
+    def __init__(self, args, program_args, deadline, extra_env=None):
+        self.dir = tempfile.mkdtemp(prefix="weft-fault-")
+        env = dict(os.environ)
+        env["WEFT_COMM_TIMEOUT"] = str(deadline)
+        env["WEFT_TRACE_DIR"] = self.dir
+        env.update(extra_env or {})
+        command = [args.mpiexec, "-n", str(RANKS), "--oversubscribe", "--bind-to", "none", args.program,
+                   self.dir] + program_args
+        self.output_path = os.path.join(self.dir, "output.txt")
+        self.output_file = open(self.output_path, "w")
+        self.process = subprocess.Popen(command, env=env, stdout=self.output_file, stderr=subprocess.STDOUT)
+        self.pids = {}
+
+    def wait_for_pids(self, limit=60):
+        end = time.monotonic() + limit
+        while time.monotonic() < end:
+            for rank in range(RANKS):
+                path = os.path.join(self.dir, "pid-%d" % rank)
+                if rank not in self.pids and os.path.exists(path):
+                    text = open(path).read().strip()
+                    if text:
+                        self.pids[rank] = int(text)
+            if len(self.pids) == RANKS:
+                return
+            if self.process.poll() is not None:
+                fail("the job ended before every rank started", self.output())
+            time.sleep(0.05)
+        self.kill_all()
+        fail("the ranks did not start within %d s" % limit, self.output())
+
+    def wait(self, limit):
+        try:
+            return self.process.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def output(self):
+        self.output_file.flush()
+        return open(self.output_path).read()
+
+    def kill_all(self):
+        for pid in self.pids.values():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.process.kill()
+        self.process.wait()
+
+    def survivors(self, grace=2.0):
+        end = time.monotonic() + grace
+        while time.monotonic() < end:
+            left = [rank for rank, pid in self.pids.items() if alive(pid)]
+            if not left:
+                return []
+            time.sleep(0.05)
+        return [rank for rank, pid in self.pids.items() if alive(pid)]
+
+    def dumps(self):
+        return sorted(glob.glob(os.path.join(self.dir, "weft-flight-*.json")))
+
+    def cleanup(self):
+        self.output_file.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def harm_and_time(args, sig, victim, program_args, deadline, settle):
+    run = job(args, program_args, deadline)
+    run.wait_for_pids()
+    time.sleep(settle)  # mid-loop: the ranks are inside collectives most of the time
+    harmed_at = time.monotonic()
+    os.kill(run.pids[victim], sig)
+    status = run.wait(2 * deadline + 10)
+    elapsed = time.monotonic() - harmed_at
+    if status is None:
+        output = run.output()
+        run.kill_all()
+        fail("the job still ran %.1f s after %s of rank %d" % (elapsed, signal.Signals(sig).name, victim), output)
+    return run, status, elapsed
+
+
+def check_gone(run, deadline, elapsed, what):
+    if elapsed > 2 * deadline:
+        fail("%s: the job took %.2f s to end, more than 2 x the %g s deadline" % (what, elapsed, deadline), run.output())
+    left = run.survivors()
+    if left:
+        output = run.output()
+        run.kill_all()
+        fail("%s: ranks %s outlived mpiexec" % (what, left), output)
+
+
+def test_kill(args):
+    deadline = args.deadline
+    worst = 0.0
+    weft_messages = 0
+    for trial in range(args.trials):
+        victim = random.randrange(RANKS)
+        run, status, elapsed = harm_and_time(args, signal.SIGKILL, victim, ["loop", "60"], deadline,
+                                             random.uniform(0.2, 0.8))
+        what = "trial %d (SIGKILL rank %d)" % (trial + 1, victim)
+        check_gone(run, deadline, elapsed, what)
+        output = run.output()
+        if status == 0:
+            fail(what + ": mpiexec exited with status 0", output)
+        if not re.search(r"rank %d .*exited on signal 9" % victim, output):
+            fail(what + ": no message names the killed rank", output)
+        # The survivors say what they were doing when mpiexec ended them.
+        said = len(re.findall(r"weft: rank \d+ \(host [^)]*\): terminated by SIGTERM; in flight: all_reduce #\d+", output))
+        if said == 0:
+            fail(what + ": no surviving rank said which operation it was in", output)
+        weft_messages += said
+        worst = max(worst, elapsed)
+        run.cleanup()
+    print("kill: %d trials, every job ended within %.2f s of the kill (deadline %g s); %d survivor messages"
+          % (args.trials, worst, deadline, weft_messages))
+
+
+def test_stop(args):
+    deadline = args.deadline
+    victim = 1 + random.randrange(RANKS - 1)
+    run, status, elapsed = harm_and_time(args, signal.SIGSTOP, victim, ["loop", "60"], deadline, 0.5)
+    what = "SIGSTOP rank %d" % victim
+    # A stopped rank never fails; the others notice only at their deadline, plus one poll.
+    check_gone(run, deadline, elapsed, what)
+    output = run.output()
+    if status != 124:
+        fail("%s: mpiexec exited with status %s, not 124 (the watchdog's MPI_Abort)" % (what, status), output)
+    pattern = (r"weft: rank (\d+) \(host [^)]+\): all_reduce #(\d+) \(256 x float[^)]*\) on group 'world' "
+               r"\(rank \d+ of 4\) timed out: waited [\d.]+ s, deadline [\d.]+ s")
+    timed_out = {int(m.group(1)) for m in re.finditer(pattern, output)}
+    if not timed_out - {victim}:
+        fail(what + ": no other rank printed the timeout message", output)
+    dumps = run.dumps()
+    if not dumps:
+        fail(what + ": no flight-recorder dump was written", output)
+    if args.trace_diff:
+        diff = subprocess.run([args.trace_diff, run.dir], capture_output=True, text=True)
+        # Status 0 is right when every rank sits in the same collective (the stop fell inside it):
+        # the dumps then show no missing, divergent or lagging rank, only where each one waits.
+        if diff.returncode not in (0, 1) or "group 'world'" not in diff.stdout:
+            fail(what + ": weft-trace-diff failed (status %d)" % diff.returncode, diff.stdout + diff.stderr)
+        # Every rank's operation is named. Which ranks are "behind" depends on where the stop
+        # fell: a rank stopped inside collective N leaves the others in N (or in N + 1, those that
+        # already had its data); one stopped just after posting its part of N is ahead of them.
+        # Stopped between two collectives, it is idle. So the victim must appear with its
+        # operation (or its last one), or as missing.
+        if not re.search(r"rank %d \(world rank %d\): (in all_reduce #\d+|idle; its last operation was all_reduce #\d+)"
+                         r"|missing ranks [^:]*:[\d, ]*\b%d\b" % (victim, victim, victim), diff.stdout):
+            fail(what + ": weft-trace-diff does not show rank %d's operation" % victim, diff.stdout)
+        if not re.search(r"newest collective: \d+ \(all_reduce #\d+", diff.stdout):
+            fail(what + ": weft-trace-diff does not name the newest collective", diff.stdout)
+    print("stop: the job ended %.2f s after rank %d was stopped (deadline %g s); ranks %s timed out; %d dumps"
+          % (elapsed, victim, deadline, sorted(timed_out), len(dumps)))
+    run.cleanup()
+
+
+def test_term(args):
+    deadline = args.deadline
+    victim = random.randrange(RANKS)
+    run, status, elapsed = harm_and_time(args, signal.SIGTERM, victim, ["loop", "60"], deadline, 0.5)
+    what = "SIGTERM rank %d" % victim
+    check_gone(run, deadline, elapsed, what)
+    output = run.output()
+    # Between two collectives it has nothing in flight, and says so.
+    if not re.search(r"weft: rank %d \(host [^)]+\): terminated by SIGTERM; (in flight: all_reduce #\d+|no operation in flight)"
+                     % victim, output):
+        fail(what + ": the terminated rank did not say which operation it was in", output)
+    if not os.path.exists(os.path.join(run.dir, "weft-flight-%d.json" % victim)):
+        fail(what + ": the terminated rank wrote no dump", output)
+    if status == 0:
+        fail(what + ": mpiexec exited with status 0", output)
+    print("term: the job ended %.2f s after SIGTERM to rank %d, which dumped and said where it was" % (elapsed, victim))
+    run.cleanup()
+
+
+def test_mismatch(args):
+    deadline = args.deadline
+    expected = {
+        "count": r"all_reduce #\d+ of 63 x float",
+        "dtype": r"all_reduce #\d+ of 64 x double",
+        "op": r"all_reduce #\d+ of 64 x float, op max",
+        "order": r"broadcast #\d+ of 64 x float",
+    }[args.kind]
+    for trial in range(args.trials):
+        run = job(args, ["mismatch", args.kind], deadline, {"WEFT_CHECK_LEVEL": "fingerprint"})
+        status = run.wait(2 * deadline + 20)
+        output = run.output()
+        if status is None:
+            run.kill_all()
+            fail("mismatch %s: the job hung" % args.kind, output)
+        if "went unnoticed" in output:
+            fail("mismatch %s: a rank went on after the mismatched call" % args.kind, output)
+        reports = re.findall(r"fault_program: rank (\d+): .*the ranks' collectives diverged at collective (\d+)", output)
+        if {int(rank) for rank, _ in reports} != set(range(RANKS)):
+            fail("mismatch %s: not every rank reported the divergence (%s)" % (args.kind, reports), output)
+        if len({place for _, place in reports}) != 1 or reports[0][1] != "5":
+            fail("mismatch %s: the ranks do not name collective 5 as the first divergent one" % args.kind, output)
+        if not re.search(r"rank %d: %s" % (RANKS - 1, expected), output):
+            fail("mismatch %s: the message does not name the odd rank's call" % args.kind, output)
+        if status == 0:
+            fail("mismatch %s: the job exited with status 0" % args.kind, output)
+        run.cleanup()
+    print("mismatch %s: detected in %d of %d runs, on every rank, naming collective 5" % (args.kind, args.trials, args.trials))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("test", choices=["kill", "stop", "term", "mismatch"])
+    parser.add_argument("kind", nargs="?", default="count")
+    parser.add_argument("--trials", type=int, default=1)
+    parser.add_argument("--deadline", type=float, default=2.0)
+    parser.add_argument("--mpiexec", required=True)
+    parser.add_argument("--program", required=True)
+    parser.add_argument("--trace-diff")
+    args = parser.parse_args()
+    {"kill": test_kill, "stop": test_stop, "term": test_term, "mismatch": test_mismatch}[args.test](args)
+
+
+if __name__ == "__main__":
+    main()

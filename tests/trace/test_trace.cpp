@@ -1,0 +1,200 @@
+// The pure parts of weft/trace in one process: the flight recorder's ring, the dump's JSON (written
+// and read back), the rolling fingerprint, and weft-trace-diff's comparison on hand-made dumps.
+#include <catch2/catch.hpp>
+
+#include <weft/trace/fingerprint.hpp>
+#include <weft/trace/flight_dump.hpp>
+#include <weft/trace/flight_recorder.hpp>
+#include <weft/trace/trace_diff.hpp>
+
+#include <string>
+#include <vector>
+
+using namespace weft::trace;
+using Catch::Matchers::Contains;
+
+TEST_CASE("the ring keeps the newest entries, numbered in issue order, with their states") {
+  flight_recorder recorder("dp", 1, 4, 4, std::chrono::seconds(3));
+  for (int i = 0; i < 6; ++i) {
+    const auto seq = recorder.issue(operation::all_reduce, weft::dtype::float32, 10u + static_cast<unsigned>(i), -1, 0);
+    if (i != 4) recorder.finish(seq, i != 3);
+  }
+  CHECK(recorder.issued() == 6);
+  const auto records = recorder.snapshot();
+  REQUIRE(records.size() == 4);
+  CHECK(records.front().sequence == 3);
+  CHECK(records.back().sequence == 6);
+  CHECK(records[0].count == 12);
+  CHECK(records[1].state == op_state::failed);
+  CHECK(records[2].state == op_state::issued);
+  CHECK(records[3].state == op_state::completed);
+  REQUIRE(recorder.oldest_unfinished());
+  CHECK(recorder.oldest_unfinished()->sequence == 5);
+  recorder.start(5);
+  CHECK(recorder.read(5)->state == op_state::started);
+  CHECK_FALSE(recorder.read(1));  // overwritten
+  CHECK(recorder.timeout() == std::chrono::seconds(3));
+}
+
+TEST_CASE("a capacity that is not a power of two is rounded up, and the ring still wraps in order") {
+  flight_recorder recorder("tp", 0, 2, 5);
+  REQUIRE(recorder.capacity() == 8);
+  for (unsigned i = 1; i <= 21; ++i) recorder.finish(recorder.issue(operation::send, weft::dtype::float32, i, 1));
+  const auto records = recorder.snapshot();
+  REQUIRE(records.size() == 8);
+  for (std::size_t k = 0; k < records.size(); ++k) {
+    CHECK(records[k].sequence == 14 + k);
+    CHECK(records[k].count == 14 + k);  // the slot holds its own operation, not a neighbour's
+  }
+  CHECK_FALSE(recorder.read(13));
+}
+
+TEST_CASE("offer and claim hand one async operation to the backend; untracked ones have no deadline") {
+  flight_recorder recorder("world", 0, 2, 8);
+  const auto seq = recorder.issue(operation::broadcast, weft::dtype::int64, 3, 1);
+  recorder.offer(seq);
+  CHECK(recorder.claim() == seq);
+  CHECK(recorder.claim() == 0);
+  recorder.untracked(seq);
+  CHECK_FALSE(recorder.oldest_unfinished());
+}
+
+TEST_CASE("the fingerprint covers collectives only, and changes with any field of a call") {
+  flight_recorder a("g", 0, 2, 16), b("g", 1, 2, 16);
+  a.issue(operation::all_reduce, weft::dtype::float32, 4, -1, 0);
+  b.issue(operation::all_reduce, weft::dtype::float32, 4, -1, 0);
+  a.issue(operation::send, weft::dtype::float32, 9, 1);
+  b.issue(operation::recv, weft::dtype::float32, 9, 0);
+  CHECK(a.fingerprint() == b.fingerprint());
+  CHECK(a.collectives() == 1);
+  const auto base = fold_call(fingerprint_seed, operation::all_reduce, weft::dtype::float32, 4, 0, -1, 1);
+  CHECK(base == a.fingerprint());
+  CHECK(base != fold_call(fingerprint_seed, operation::all_reduce, weft::dtype::float32, 5, 0, -1, 1));
+  CHECK(base != fold_call(fingerprint_seed, operation::all_reduce, weft::dtype::float64, 4, 0, -1, 1));
+  CHECK(base != fold_call(fingerprint_seed, operation::all_reduce, weft::dtype::float32, 4, 3, -1, 1));
+  CHECK(base != fold_call(fingerprint_seed, operation::reduce, weft::dtype::float32, 4, 0, -1, 1));
+  CHECK(base != fold_call(fingerprint_seed, operation::all_reduce, weft::dtype::float32, 4, 0, 0, 1));
+  CHECK(base != fold_call(fingerprint_seed, operation::all_reduce, weft::dtype::float32, 4, 0, -1, 2));
+}
+
+namespace {
+
+flight_record call(std::uint64_t seq, operation op, std::uint64_t count, op_state state,
+                   weft::dtype type = weft::dtype::float32) {
+  flight_record r;
+  r.sequence = seq;
+  r.op = op;
+  r.type = type;
+  r.count = count;
+  r.reduction = op == operation::all_reduce ? 0 : -1;
+  r.state = state;
+  r.issued_ns = 1000 * static_cast<std::int64_t>(seq);
+  r.started_ns = r.issued_ns;
+  r.ended_ns = state == op_state::completed ? r.issued_ns + 10 : 0;
+  return r;
+}
+
+flight_dump dump_of(int rank, std::vector<flight_record> entries, std::uint64_t collectives) {
+  flight_dump d;
+  d.rank = rank;
+  d.host = "node\"" + std::to_string(rank);  // a quote, to exercise escaping
+  d.pid = 100 + rank;
+  d.reason = "timeout";
+  d.message = "line one\nline two";
+  d.dumped_at_ns = 5'000'000'000;
+  d.unix_time_ns = 1'700'000'000'000'000'000;
+  group_dump g;
+  g.name = "world";
+  g.rank = rank;
+  g.size = 4;
+  g.members = {0, 1, 2, 3};
+  g.timeout_ms = 2000;
+  g.issued = entries.empty() ? 0 : entries.back().sequence;
+  g.collectives = collectives;
+  g.fingerprint = 0xfedcba9876543210ull;
+  g.entries = std::move(entries);
+  d.groups.push_back(g);
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("a dump survives writing and reading back exactly") {
+  const flight_dump original = dump_of(2, {call(1, operation::barrier, 0, op_state::completed),
+                                           call(2, operation::all_reduce, 64, op_state::started)}, 2);
+  const flight_dump back = parse_flight_dump(to_json(original));
+  CHECK(back.rank == 2);
+  CHECK(back.host == original.host);
+  CHECK(back.message == original.message);
+  CHECK(back.unix_time_ns == original.unix_time_ns);
+  REQUIRE(back.groups.size() == 1);
+  CHECK(back.groups[0].members == std::vector<int>{0, 1, 2, 3});
+  CHECK(back.groups[0].fingerprint == 0xfedcba9876543210ull);
+  REQUIRE(back.groups[0].entries.size() == 2);
+  CHECK(back.groups[0].entries[1].op == operation::all_reduce);
+  CHECK(back.groups[0].entries[1].count == 64);
+  CHECK(back.groups[0].entries[1].reduction == 0);
+  CHECK(back.groups[0].entries[1].state == op_state::started);
+  CHECK_THROWS_WITH(parse_flight_dump("{\"format\": \"weft-flight-recorder\", \"rank\": 1"), Contains("not valid JSON"));
+  CHECK_THROWS_WITH(parse_flight_dump("{\"format\": \"other\"}"), Contains("\"format\""));
+}
+
+TEST_CASE("trace diff: a rank that left no dump and ranks that never arrived are named") {
+  // Ranks 0 and 1 are in collective 3; rank 3 is still in collective 2; rank 2 left no dump.
+  std::vector<flight_dump> dumps = {
+      dump_of(0, {call(1, operation::barrier, 0, op_state::completed), call(2, operation::all_reduce, 8, op_state::completed),
+                  call(3, operation::all_reduce, 8, op_state::started)}, 3),
+      dump_of(1, {call(1, operation::barrier, 0, op_state::completed), call(2, operation::all_reduce, 8, op_state::completed),
+                  call(3, operation::all_reduce, 8, op_state::started)}, 3),
+      dump_of(3, {call(1, operation::barrier, 0, op_state::completed), call(2, operation::all_reduce, 8, op_state::started)}, 2)};
+  const auto diff = diff_flight_dumps(dumps);
+  REQUIRE(diff.groups.size() == 1);
+  const auto& g = diff.groups[0];
+  CHECK(g.missing == std::vector<int>{2});
+  CHECK_FALSE(g.first_divergent);
+  CHECK(g.newest_collective == 3);
+  CHECK(g.never_arrived == std::vector<int>{3});
+  REQUIRE(g.ranks.size() == 3);
+  CHECK(g.ranks[2].in_flight->sequence == 2);
+  const std::string text = format_trace_diff(diff);
+  CHECK_THAT(text, Contains("missing ranks") && Contains(": 2\n"));
+  CHECK_THAT(text, Contains("never arrived: ranks 3"));
+  CHECK_THAT(text, Contains("rank 3 (world rank 3): in all_reduce #2 (8 x float, sum), started"));
+}
+
+TEST_CASE("trace diff: the first divergent collective is named with each rank's call, across p2p") {
+  // Rank 1 did a send before its collectives (sequence numbers shift), and its second
+  // all_reduce has a different count.
+  std::vector<flight_dump> dumps = {
+      dump_of(0, {call(1, operation::all_reduce, 8, op_state::completed), call(2, operation::all_reduce, 8, op_state::started)}, 2),
+      dump_of(1, {call(1, operation::send, 3, op_state::completed), call(2, operation::all_reduce, 8, op_state::completed),
+                  call(3, operation::all_reduce, 7, op_state::started)}, 2)};
+  dumps[1].groups[0].entries[0].peer = 0;
+  const auto diff = diff_flight_dumps(dumps);
+  REQUIRE(diff.groups.size() == 1);
+  const auto& g = diff.groups[0];
+  REQUIRE(g.first_divergent);
+  CHECK(*g.first_divergent == 2);
+  REQUIRE(g.divergent_calls.size() == 2);
+  CHECK(g.divergent_calls[0].second.count == 8);
+  CHECK(g.divergent_calls[1].second.count == 7);
+  CHECK(g.divergent_calls[1].second.sequence == 3);
+  CHECK(g.missing == std::vector<int>{2, 3});
+  CHECK_THAT(format_trace_diff(diff), Contains("first divergent call: collective 2") &&
+                                          Contains("rank 1: all_reduce #3 (7 x float, sum)"));
+}
+
+TEST_CASE("trace diff: groups with one name but different members are kept apart") {
+  flight_dump a = dump_of(0, {call(1, operation::all_reduce, 8, op_state::completed)}, 1);
+  flight_dump b = dump_of(1, {call(1, operation::all_reduce, 9, op_state::completed)}, 1);
+  a.groups[0].size = b.groups[0].size = 1;
+  a.groups[0].rank = b.groups[0].rank = 0;
+  a.groups[0].members = {0};
+  b.groups[0].members = {1};
+  const auto diff = diff_flight_dumps({a, b});
+  REQUIRE(diff.groups.size() == 2);
+  for (const auto& g : diff.groups) {
+    CHECK_FALSE(g.first_divergent);
+    CHECK(g.missing.empty());
+  }
+}
