@@ -18,6 +18,7 @@
 
 #include "bench_args.hpp"
 #include "gpt2_shapes.hpp"
+#include "json_output.hpp"
 
 #include <algorithm>
 #include <cstdlib>
@@ -267,8 +268,8 @@ int main(int argc, char** argv) {
             << ", \"mpi_flat_s\": " << json_value(median(variants[0].times))
             << ", \"mpi_per_tensor_s\": " << json_value(median(variants[1].times)) << ", \"ranks\": " << ranks
             << ", \"iterations\": " << variants[0].times.size() << ", \"ddp_iterations\": " << ddp_times.size()
-            << ", \"ddp_status\": " << json_string(ddp_status)
-            << ", \"ddp_reason\": " << (ddp_reason.empty() ? "null" : json_string(ddp_reason))
+            << ", \"ddp_status\": " << weft_programs::json_string(ddp_status)
+            << ", \"ddp_reason\": " << (ddp_reason.empty() ? "null" : weft_programs::json_string(ddp_reason))
             << ", \"layers\": " << layers
             << "}\n";
       }

@@ -13,6 +13,7 @@
 #include <weft/layout/node_placement.hpp>
 
 #include "command_line.hpp"
+#include "json_output.hpp"
 
 #include <cstdint>
 #include <cstdio>
@@ -43,6 +44,8 @@ constexpr std::string_view usage_text =
     "Exit status: 0 valid, 1 invalid layout or model, 2 bad command line.\n";
 
 using weft_programs::parse_integer;
+using weft_programs::json_string;
+using weft_programs::json_strings;
 using weft_programs::usage_error;
 
 struct options {
@@ -135,36 +138,6 @@ options parse_arguments(int argc, char** argv) {
 }
 
 // ---- JSON ------------------------------------------------------------------------------------
-
-std::string json_string(std::string_view text) {
-  std::string out = "\"";
-  for (char c : text) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buffer[8];
-          std::snprintf(buffer, sizeof buffer, "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
-          out += buffer;
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
-}
-
-std::string json_strings(const std::vector<std::string>& items) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < items.size(); ++i) {
-    if (i != 0) out += ", ";
-    out += json_string(items[i]);
-  }
-  return out + "]";
-}
 
 std::string json_ranks(const std::vector<int>& ranks) {
   std::string out = "[";

@@ -14,6 +14,7 @@
 #include <weft/pipeline/verify.hpp>
 
 #include "command_line.hpp"
+#include "json_output.hpp"
 
 #include <cstdint>
 #include <cstdio>
@@ -44,6 +45,8 @@ constexpr std::string_view usage_text =
     "Exit status: 0 valid, 1 refused schedule or costs, 2 bad command line.\n";
 
 using weft_programs::parse_integer;
+using weft_programs::json_string;
+using weft_programs::json_strings;
 using weft_programs::usage_error;
 
 struct options {
@@ -116,21 +119,6 @@ options parse_arguments(int argc, char** argv) {
   if (!have_stages) throw usage_error("--stages is required: the pipeline-parallel size");
   if (!have_micro_batches) throw usage_error("--micro-batches is required: the micro-batches per step");
   return opts;
-}
-
-std::string json_string(std::string_view text) {
-  std::string out = "\"";
-  for (char c : text) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) {
-      char buffer[8];
-      std::snprintf(buffer, sizeof buffer, "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
-      out += buffer;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
 }
 
 std::string fixed(double value, int digits) {
@@ -210,9 +198,7 @@ void print_timeline(std::ostream& out, const wp::schedule& s, const wp::verify_r
 int report_problems(const options& opts, const std::vector<std::string>& problems) {
   for (const std::string& problem : problems) std::cerr << "weft-schedule: error: " << problem << "\n";
   if (opts.json) {
-    std::cout << "{\"errors\": [";
-    for (std::size_t i = 0; i < problems.size(); ++i) std::cout << (i ? ", " : "") << json_string(problems[i]);
-    std::cout << "]}\n";
+    std::cout << "{\"errors\": " << json_strings(problems) << "}\n";
   }
   return exit_refused;
 }

@@ -14,6 +14,10 @@
 #include <weft/core/error.hpp>
 #include <weft/core/float16.hpp>
 #include <weft/core/reduce_op.hpp>
+#include <weft/cp/attention_reference.hpp>
+#include <weft/cp/causal_split.hpp>
+#include <weft/cp/ring_attention.hpp>
+#include <weft/cp/ulysses.hpp>
 #include <weft/grad/bucket_plan.hpp>
 #include <weft/grad/comm_hook.hpp>
 #include <weft/grad/flat_buffer.hpp>
@@ -28,7 +32,12 @@
 #include <weft/launch/device.hpp>
 #include <weft/launch/resolve.hpp>
 #include <weft/pipeline/schedules.hpp>
+#include <weft/pipeline/executor.hpp>
 #include <weft/pipeline/theory.hpp>
+#include <weft/tp/collective_matmul.hpp>
+#include <weft/tp/linear.hpp>
+#include <weft/tp/mappings.hpp>
+#include <weft/tp/tensor_view.hpp>
 #include <weft/tune/cost_model.hpp>
 #include <weft/tune/hardware.hpp>
 #include <weft/tune/model.hpp>
