@@ -42,7 +42,7 @@ inline schedule make_gpipe(const schedule_spec& spec) {
 
 // Stage s runs p-s-1 warm-up forwards, then alternates forward / backward, then drains the
 // backwards. At most p-s micro-batches are in flight on stage s, against m for GPipe, for the same
-// bubble. With `split`, each backward is followed by its weight gradient (ZB-H1, below).
+// bubble. ZB-H1 (below) keeps this order of F and B.
 inline schedule make_one_f_one_b(const schedule_spec& spec) {
   schedule s = empty_schedule(spec, false);
   const int p = s.stages, m = s.micro_batches;
@@ -58,49 +58,40 @@ inline schedule make_one_f_one_b(const schedule_spec& spec) {
   return s;
 }
 
-// ZB-H1: the backward split into the input gradient (B), which the previous stage waits for, and
-// the weight gradient (W), which nobody waits for, so Ws can fill the time 1F1B spends idle. The
-// order is what a greedy rank does when F, B and W take one unit each (the paper's assumption):
-// a ready B first, since every upstream stage waits for it; else a new F while fewer than p - s
-// micro-batches are in flight (1F1B's activation memory; W frees them); else the oldest W. The
-// order, not those unit costs, is the schedule: it runs without deadlock under any costs.
+// ZB-H1 (Qi et al. 2024, figure 3): the backward split into the input gradient (B), which the
+// previous stage waits for, and the weight gradient (W), which nobody waits for. F and B keep
+// 1F1B's order: stage s runs k = min(p - s - 1, m) warm-up forwards, then pairs F B, then the last
+// k backwards. Only the Ws move. Stage s holds back s of them: in the steady state it runs one W
+// after each pair once s backwards wait for their W, in the cool-down one W after each backward,
+// and the s it held back at the very end. Every stage thus keeps min(p, m) micro-batches in flight
+// (stage 0's 1F1B peak, so no stage holds more than 1F1B's most loaded one), of which at most
+// min(p - s, m) before their B, as in 1F1B; a W after B holds only what the weight gradient needs.
+// The held-back Ws are what lets B start earlier than in 1F1B on every stage and what fills the
+// tail: with uniform costs and m >= p, the makespan is m(F + B + W) + (p - 1)(F + B - min(F, B, W))
+// with B the input gradient (theory.hpp). The order does not depend on the costs: it runs without
+// deadlock under any costs, as each rank's F and B are 1F1B's and a W only follows its own B.
 inline schedule make_zb_h1(const schedule_spec& spec) {
   schedule s = empty_schedule(spec, true);
   const int p = s.stages, m = s.micro_batches;
-  const auto stages = static_cast<std::size_t>(p);
-  const auto mbs = static_cast<std::size_t>(m);
-  // The time step at whose end each F and B finished; -1: not yet.
-  std::vector<std::vector<long long>> forward_done(stages, std::vector<long long>(mbs, -1));
-  std::vector<std::vector<long long>> backward_done(stages, std::vector<long long>(mbs, -1));
-  std::vector<int> forwards(stages, 0), backwards(stages, 0), weights(stages, 0);
-  auto ready = [](long long done, long long now) { return done >= 0 && done < now; };
-  int remaining = 3 * p * m;
-  for (long long now = 0; remaining > 0; ++now) {
-    for (int rank = 0; rank < p; ++rank) {
-      const auto r = static_cast<std::size_t>(rank);
-      const int limit = std::min(p - rank, m);
-      // Backwards run in micro-batch order, as do forwards and weights.
-      const int b = backwards[r];
-      const bool b_ready = b < forwards[r] && ready(forward_done[r][static_cast<std::size_t>(b)], now) &&
-                           (rank == p - 1 || ready(backward_done[r + 1][static_cast<std::size_t>(b)], now));
-      const int f = forwards[r];
-      const bool f_ready = f < m && f - weights[r] < limit && (rank == 0 || ready(forward_done[r - 1][static_cast<std::size_t>(f)], now));
-      if (b_ready) {
-        append(s, rank, action_kind::backward, b);
-        backward_done[r][static_cast<std::size_t>(b)] = now;
-        ++backwards[r];
-      } else if (f_ready) {
-        append(s, rank, action_kind::forward, f);
-        forward_done[r][static_cast<std::size_t>(f)] = now;
-        ++forwards[r];
-      } else if (weights[r] < backwards[r]) {
-        append(s, rank, action_kind::weight, weights[r]);
-        ++weights[r];
-      } else {
-        continue;
-      }
-      --remaining;
+  for (int rank = 0; rank < p; ++rank) {
+    const int warmup = std::min(p - rank - 1, m);
+    int backwards = 0, weights = 0;
+    auto backward = [&](int mb) {
+      append(s, rank, action_kind::backward, mb);
+      ++backwards;
+    };
+    auto weight = [&] { append(s, rank, action_kind::weight, weights++); };
+    for (int mb = 0; mb < warmup; ++mb) append(s, rank, action_kind::forward, mb);
+    for (int i = 0; i < m - warmup; ++i) {
+      append(s, rank, action_kind::forward, warmup + i);
+      backward(i);
+      if (backwards - weights > rank) weight();
     }
+    for (int mb = m - warmup; mb < m; ++mb) {
+      backward(mb);
+      weight();
+    }
+    while (weights < m) weight();
   }
   return s;
 }

@@ -116,6 +116,14 @@ void copy_rows(communicator<B>& comm, T* dst, std::size_t dst_pitch, const T* sr
   }
 }
 
+/// The mappings are blocking (see the file comment): on device memory, waits until the stream has
+/// carried out the local copies that end a mapping, watching NCCL's error state and the deadline
+/// as the collectives' waits do.
+template <backend B>
+void wait_for_local_copies(communicator<B>& comm) {
+  if constexpr (buffer_memory_v<B> == memory_space::device) comm.native().wait_all();
+}
+
 /// The workspace a strided gather or reduce-scatter goes through: the caller's, or a host vector.
 template <backend B, class T>
 std::span<T> workspace_for(communicator<B>& comm, std::string_view mapping, std::span<T> given, std::size_t needed,
@@ -174,6 +182,7 @@ void scatter_to_tp_region(communicator<B>& tp, std::type_identity_t<tensor_view<
   const std::size_t width = s.extent / p * s.inner;
   detail::copy_rows(tp, shard.data(), width, full.data.data() + static_cast<std::size_t>(tp.rank()) * width,
                     s.extent * s.inner, width, s.outer);
+  detail::wait_for_local_copies(tp);
 }
 
 /// gather_from_tp_region, forward: `full` receives every rank's `shard`, concatenated along `dim`
@@ -195,6 +204,7 @@ void gather_from_tp_region(communicator<B>& tp, std::type_identity_t<tensor_view
   const std::size_t width = s.extent * s.inner;  // one rank's piece of one outer row
   for (std::size_t r = 0; r < p; ++r)
     detail::copy_rows(tp, full.data() + r * width, p * width, staged.data() + r * shard.size(), width, width, s.outer);
+  detail::wait_for_local_copies(tp);
 }
 
 /// scatter_to_tp_region, backward: the gradient of the whole tensor is every rank's shard
