@@ -1,6 +1,6 @@
 #pragma once
 // What the device-memory GPU tests of the parallelism layers share (tp, cp, pipeline on NCCL):
-// device arrays filled from and read back into host vectors, a wait for the communicator's stream,
+// (device arrays: gpu_test_support.hpp), a wait for the communicator's stream,
 // a kernel that is slow to produce its output, and an exact comparison that names the first
 // differing element.
 #include <catch2/catch.hpp>
@@ -15,41 +15,6 @@
 #include <vector>
 
 namespace weft_test {
-
-// Device memory holding n elements of T (cudaMalloc), filled from and read back into host vectors.
-template <class T>
-class device_array {
- public:
-  explicit device_array(std::size_t n) : n_(n) {
-    if (n_ > 0) cuda_ok(cudaMalloc(reinterpret_cast<void**>(&data_), n_ * sizeof(T)));
-  }
-  explicit device_array(const std::vector<T>& host) : device_array(host.size()) { upload(host); }
-  device_array(const device_array&) = delete;
-  device_array& operator=(const device_array&) = delete;
-  ~device_array() {
-    if (data_ != nullptr) cudaFree(data_);
-  }
-  T* data() const { return data_; }
-  std::size_t size() const { return n_; }
-  std::span<T> span() const { return {data_, n_}; }
-  std::span<const T> cspan() const { return {data_, n_}; }
-  void upload(const std::vector<T>& host) {
-    REQUIRE(host.size() == n_);
-    if (n_ == 0) return;
-    cuda_ok(cudaMemcpy(data_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
-    cuda_ok(cudaDeviceSynchronize());  // the communicator's (non-blocking) stream does not order after this copy
-  }
-  // Call after settle(): cudaMemcpy does not wait for the communicator's non-blocking stream.
-  std::vector<T> download() const {
-    std::vector<T> host(n_);
-    if (n_ > 0) cuda_ok(cudaMemcpy(host.data(), data_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
-    return host;
-  }
-
- private:
-  T* data_ = nullptr;
-  std::size_t n_;
-};
 
 // Waits until everything queued on the communicator's stream has finished (polling NCCL's error
 // state and the deadline, so a lost peer is an error, not a hang).

@@ -36,36 +36,7 @@ using weft_test::cuda_ok;
 using weft_test::nccl_comm;
 using weft_test::world;
 
-// Device memory holding n elements of T, filled from and read back into host vectors.
-template <class T>
-class device_array {
- public:
-  explicit device_array(std::size_t n) : n_(n) {
-    if (n_ > 0) cuda_ok(cudaMalloc(reinterpret_cast<void**>(&data_), n_ * sizeof(T)));
-  }
-  explicit device_array(const std::vector<T>& host) : device_array(host.size()) { upload(host); }
-  device_array(const device_array&) = delete;
-  device_array& operator=(const device_array&) = delete;
-  ~device_array() {
-    if (data_ != nullptr) cudaFree(data_);
-  }
-  std::span<T> span() const { return {data_, n_}; }
-  void upload(const std::vector<T>& host) {
-    REQUIRE(host.size() == n_);
-    if (n_ == 0) return;
-    cuda_ok(cudaMemcpy(data_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
-    cuda_ok(cudaDeviceSynchronize());  // the communicator's stream does not order after this copy
-  }
-  std::vector<T> download() const {
-    std::vector<T> host(n_);
-    if (n_ > 0) cuda_ok(cudaMemcpy(host.data(), data_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
-    return host;
-  }
-
- private:
-  T* data_ = nullptr;
-  std::size_t n_;
-};
+using weft_test::device_array;
 
 template <class T>
 constexpr bool is_16_bit_float = std::is_same_v<T, weft::half> || std::is_same_v<T, weft::bfloat16>;
