@@ -15,8 +15,9 @@ case "$kind" in
   address)
     build="${2:-$root/build/asan}"
     flags="address,undefined"
-    # Which tests: all but GPU, the consumer projects (separate builds) and the private Slurm.
-    select=(--label-exclude 'gpu|consumer|slurm')
+    # Which tests: all but GPU, the consumer projects (separate builds), the private Slurm, and
+    # those that preload a library (the sanitizer's runtime must come first).
+    select=(--label-exclude 'gpu|consumer|slurm|preload')
     # Leak reports must name the library that allocated, or Open MPI's own cannot be suppressed:
     # its libraries have no frame pointers (the slow unwinder walks them), and Open MPI and PMIx
     # unload their plugins at finalize (keep them loaded so their names stay in the stacks).

@@ -2,7 +2,8 @@
 """Runs one benchmark or the health check and checks what it printed and wrote.
 
     run_and_check.py KIND [--json FILE] [--expect-rc 0|nonzero|N] [--expect-text TEXT]...
-                     [--expect-json KEY=VALUE]... -- COMMAND...
+                     [--expect-json KEY=VALUE]... [--expect-line REGEX]... [--reject-line REGEX]...
+                     -- COMMAND...
 
 KIND says how to read the results:
   perf      an nccl-tests-style table (allreduce_perf and siblings): every row has sizes and, per
@@ -178,7 +179,7 @@ def main(argv):
     split = argv.index("--")
     options, command = argv[1:split], argv[split + 1:]
     kind = options[0]
-    json_path, expect_rc, texts, ranks, json_values = None, "0", [], 2, []
+    json_path, expect_rc, texts, ranks, json_values, lines, rejected = None, "0", [], 2, [], [], []
     i = 1
     while i < len(options):
         if options[i] == "--json":
@@ -189,6 +190,10 @@ def main(argv):
             texts.append(options[i + 1])
         elif options[i] == "--ranks":
             ranks = int(options[i + 1])
+        elif options[i] == "--expect-line":
+            lines.append(options[i + 1])
+        elif options[i] == "--reject-line":
+            rejected.append(options[i + 1])
         elif options[i] == "--expect-json":
             key, _, value = options[i + 1].partition("=")
             json_values.append((key, value))
@@ -206,6 +211,13 @@ def main(argv):
     for text in texts:
         if text not in output:
             fail("the output lacks %r" % text, output)
+    for pattern in lines:
+        if not re.search(pattern, output, re.MULTILINE):
+            fail("no line of the output matches %r" % pattern, output)
+    for pattern in rejected:
+        match = re.search(pattern, output, re.MULTILINE)
+        if match:
+            fail("a line of the output matches %r, which it must not: %r" % (pattern, match.group(0)), output)
     if kind == "perf":
         check_perf(output, json_path)
     elif kind == "overhead":
