@@ -17,6 +17,15 @@ set(WEFT_MPI_TEST_ENVIRONMENT
   OMPI_MCA_btl_tcp_if_include=lo
   NCCL_SOCKET_IFNAME=lo)
 
+# The Python the tests' checker scripts run under (standard library only): the system's, which
+# CI and users have, else whatever CMake finds.
+if(EXISTS /usr/bin/python3)
+  set(WEFT_TEST_PYTHON /usr/bin/python3)
+else()
+  find_package(Python3 REQUIRED COMPONENTS Interpreter)
+  set(WEFT_TEST_PYTHON ${Python3_EXECUTABLE})
+endif()
+
 function(weft_add_executable name)
   cmake_parse_arguments(arg "" "" "SOURCES;LIBS" ${ARGN})
   add_executable(${name} ${arg_SOURCES})

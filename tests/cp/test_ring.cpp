@@ -25,27 +25,17 @@
 #include <string>
 #include <vector>
 
+#include "cp_test_support.hpp"
 #include "naive_attention.hpp"
 
 using Catch::Contains;
-using comm_t = weft::communicator<weft::mpi_backend>;
+using cp_test::comm_t;
 namespace cp = weft::cp;
 
 namespace {
 
-comm_t cp_group() { return comm_t(weft::mpi_backend::comm::world(), "cp"); }
-
-// Every rank's local tensor gathered and put back in sequence order.
-template <class T>
-std::vector<T> gather_full(comm_t& group, const cp::sequence_split& split, const std::vector<T>& local, std::size_t row) {
-  std::vector<T> all(local.size() * static_cast<std::size_t>(group.size()));
-  group.all_gather(local, all);
-  std::vector<T> full(static_cast<std::size_t>(split.seq) * row);
-  for (int r = 0; r < group.size(); ++r)
-    cp::unshard<T>(split, r, std::span<const T>(all).subspan(static_cast<std::size_t>(r) * local.size(), local.size()),
-                   row, full);
-  return full;
-}
+using cp_test::cp_group;
+using cp_test::gather_full;
 
 template <class T>
 void check_against_naive(comm_t& group, cp::split_kind kind, bool causal, double tolerance) {
