@@ -30,6 +30,13 @@ class usage_error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// A mistake in what the command line points to (a file, a shape that does not fit the ranks)
+/// that every rank finds alike: reported once, by rank 0, without the usage.
+class input_error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 namespace detail {
 
 template <class T>
@@ -160,6 +167,8 @@ int mpi_main(std::string_view program, std::string_view usage, int& argc, char**
     status = body(rank);
   } catch (const usage_error& e) {
     if (rank == 0) std::fprintf(stderr, "%s: %s\n%s", name.c_str(), e.what(), std::string(usage).c_str());
+  } catch (const input_error& e) {
+    if (rank == 0) std::fprintf(stderr, "%s: %s\n", name.c_str(), e.what());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: rank %d: %s\n", name.c_str(), rank, e.what());
     std::fflush(stderr);

@@ -7,6 +7,8 @@
 #include <weft/config.hpp>
 
 #include <weft/backend/backend.hpp>
+#include <weft/checkpoint/async_writer.hpp>
+#include <weft/checkpoint/safetensors.hpp>
 #include <weft/comm/buffer.hpp>
 #include <weft/comm/communicator.hpp>
 #include <weft/comm/communicator_ref.hpp>

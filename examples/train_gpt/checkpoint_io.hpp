@@ -1,0 +1,188 @@
+#pragma once
+// Whole tensors from a sharded run and back: what train_gpt writes to and reads from
+// safetensors files, whatever the layout.
+//
+// Saving: every rank writes the elements it owns into a zeroed copy of the whole model (one
+// rank owns each element: dp rank 0 and cp rank 0, tp rank 0 for what tp replicates, the first
+// stage for the tied embedding; for ZeRO-1 state, the dp-cp rank whose shard holds it), and
+// one sum-reduction to world rank 0 assembles the whole tensors there. Loading: every rank reads
+// the file and cuts out its own part.
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <weft/checkpoint/safetensors.hpp>
+#include <weft/comm/communicator.hpp>
+
+#include "gpt_config.hpp"
+#include "parameters.hpp"
+
+namespace train_gpt {
+
+/// A run of one parameter's local elements held in some state array (parameters, gradients,
+/// AdamW moments): local elements [param_offset, param_offset + count) of parameter `param` are
+/// at state[state_offset ...].
+struct state_segment {
+  std::size_t param = 0;
+  std::size_t param_offset = 0;
+  std::size_t count = 0;
+  std::size_t state_offset = 0;
+};
+
+/// Where each whole tensor starts in the concatenation of all whole tensors (checkpoint order).
+struct whole_index {
+  std::vector<param_spec> tensors;
+  std::map<std::string, std::size_t> offset;
+  std::size_t total = 0;
+
+  explicit whole_index(const gpt_config& m) : tensors(whole_parameters(m)) {
+    for (const param_spec& t : tensors) {
+      offset[t.name] = total;
+      total += static_cast<std::size_t>(elements_of(t.whole));
+    }
+  }
+};
+
+/// Which of this rank's elements it contributes to a gathered whole copy.
+struct ownership {
+  int tp_rank = 0, tp = 1;
+  bool data_leader = false;  // dp rank 0 and cp rank 0: the one copy of state every dp-cp rank holds whole
+
+  /// `sharded`: the state is split over the dp-cp group (ZeRO-1), so each rank owns its shard.
+  bool owns(const param_spec& p, bool sharded) const {
+    if (p.split == tp_split::replicated && tp_rank != 0) return false;
+    return sharded || data_leader;
+  }
+};
+
+/// Assembles whole tensors on world rank 0 from every rank's local state (collective over
+/// `world`): returns the concatenation (checkpoint order) on rank 0, an empty vector elsewhere.
+/// `skip[i]` leaves parameter i out (the last stage's copy of the tied embedding).
+template <weft::backend B>
+std::vector<float> gather_whole(weft::communicator<B>& world, const whole_index& index,
+                                std::span<const param_spec> specs, std::span<const state_segment> segments,
+                                std::span<const float> state, const ownership& own, bool sharded_over_dp,
+                                const std::vector<bool>& skip) {
+  std::vector<float> whole(index.total, 0.0f);
+  std::vector<float> local;
+  for (const state_segment& s : segments) {
+    const param_spec& p = specs[s.param];
+    if (skip[s.param] || !own.owns(p, sharded_over_dp)) continue;
+    local.assign(p.local_elements, 0.0f);
+    std::copy_n(state.data() + s.state_offset, s.count, local.data() + s.param_offset);
+    const std::size_t at = index.offset.at(p.name);
+    std::span<float> target(whole.data() + at, static_cast<std::size_t>(elements_of(p.whole)));
+    // Only this segment's elements: copy run by run where they fall in [param_offset, +count).
+    for_each_local_run(p, own.tp_rank, own.tp, [&](std::size_t w, std::size_t l, std::size_t n) {
+      const std::size_t lo = std::max(l, s.param_offset), hi = std::min(l + n, s.param_offset + s.count);
+      for (std::size_t i = lo; i < hi; ++i) target[w + (i - l)] = local[i];
+    });
+  }
+  world.reduce(std::span<float>(whole), 0);
+  if (world.rank() != 0) whole.clear();
+  return whole;
+}
+
+/// Fills this rank's local state from whole tensors (`lookup(name)` gives a whole tensor's
+/// values, checked against its shape by the caller).
+template <class Lookup>
+void scatter_whole(std::span<const param_spec> specs, std::span<const state_segment> segments, std::span<float> state,
+                   int tp_rank, int tp, Lookup&& lookup) {
+  std::vector<float> local;
+  for (const state_segment& s : segments) {
+    const param_spec& p = specs[s.param];
+    std::span<const float> whole = lookup(p.name);
+    local.assign(p.local_elements, 0.0f);
+    cut_local(p, tp_rank, tp, whole, local);
+    std::copy_n(local.data() + s.param_offset, s.count, state.data() + s.state_offset);
+  }
+}
+
+/// The safetensors records of whole tensors (checkpoint order), with `prefix` before each name.
+inline std::vector<weft::checkpoint::tensor_record> whole_records(const whole_index& index, std::span<const float> whole,
+                                                                  const std::string& prefix = "") {
+  std::vector<weft::checkpoint::tensor_record> out;
+  for (const param_spec& t : index.tensors) {
+    const std::size_t n = static_cast<std::size_t>(elements_of(t.whole));
+    out.push_back(weft::checkpoint::make_record<float>(prefix + t.name, t.whole,
+                                                       whole.subspan(index.offset.at(t.name), n)));
+  }
+  return out;
+}
+
+/// GPT-2's config names in a file's metadata.
+inline std::map<std::string, std::string> config_metadata(const gpt_config& m) {
+  return {{"format", "pt"},
+          {"n_layer", std::to_string(m.layers)},
+          {"n_head", std::to_string(m.heads)},
+          {"n_embd", std::to_string(m.hidden)},
+          {"n_positions", std::to_string(m.positions)},
+          {"vocab_size", std::to_string(m.vocab)}};
+}
+
+/// The model shape a file describes: its metadata's GPT-2 config names, or (for files without
+/// them, such as Hugging Face's own) the shapes of its tensors. Throws naming what is missing.
+inline gpt_config config_from_file(const weft::checkpoint::checkpoint_file& f, const std::string& path, int seq,
+                                   std::optional<int> heads_given = std::nullopt) {
+  gpt_config m;
+  m.seq = seq;
+  auto meta = [&](const char* key) -> std::optional<int> {
+    auto it = f.metadata.find(key);
+    if (it == f.metadata.end()) return std::nullopt;
+    try {
+      return std::stoi(it->second);
+    } catch (...) {
+      throw std::runtime_error("checkpoint '" + path + "': metadata " + key + " = '" + it->second +
+                               "' is not a number; re-save the file");
+    }
+  };
+  const auto* wte = f.find("wte.weight");
+  const auto* wpe = f.find("wpe.weight");
+  if (wte == nullptr || wpe == nullptr || wte->shape.size() != 2 || wpe->shape.size() != 2)
+    throw std::runtime_error("checkpoint '" + path + "' has no GPT-2 embeddings (wte.weight, wpe.weight, 2-D): is it a "
+                             "GPT-2 checkpoint?");
+  m.vocab = meta("vocab_size").value_or(static_cast<int>(wte->shape[0]));
+  m.hidden = meta("n_embd").value_or(static_cast<int>(wte->shape[1]));
+  m.positions = meta("n_positions").value_or(static_cast<int>(wpe->shape[0]));
+  int layers = 0;
+  while (f.find("h." + std::to_string(layers) + ".ln_1.weight") != nullptr) ++layers;
+  m.layers = meta("n_layer").value_or(layers);
+  auto heads = meta("n_head");
+  if (!heads) heads = heads_given;
+  if (!heads)
+    throw std::runtime_error("checkpoint '" + path + "' does not say its number of heads (metadata n_head): give the "
+                             "model's --heads, or add n_head to the file's metadata");
+  m.heads = *heads;
+  return m;
+}
+
+/// Checks that `f` holds every whole tensor of `m` with its shape, in float32; throws naming the
+/// first tensor that differs and what to do.
+inline void expect_model_tensors(const weft::checkpoint::checkpoint_file& f, const std::string& path,
+                                 const whole_index& index, const std::string& prefix = "") {
+  for (const param_spec& t : index.tensors) {
+    const auto* r = f.find(prefix + t.name);
+    if (r == nullptr)
+      throw std::runtime_error("checkpoint '" + path + "' has no tensor '" + prefix + t.name +
+                               "' that this model needs: the file is for another model shape or is incomplete");
+    if (r->shape != t.whole)
+      throw std::runtime_error("checkpoint '" + path + "': tensor '" + prefix + t.name + "' has shape " +
+                               weft::checkpoint::detail::shape_text(r->shape) + " but this model needs " +
+                               weft::checkpoint::detail::shape_text(t.whole) +
+                               ": the flags (--layers --hidden --heads --vocab --positions) do not match the file; "
+                               "drop them to take the file's shape, or pick the matching checkpoint");
+    if (r->type != weft::dtype::float32)
+      throw std::runtime_error("checkpoint '" + path + "': tensor '" + prefix + t.name + "' is " +
+                               std::string(weft::checkpoint::safetensors_name(r->type)) +
+                               "; train_gpt reads float32 checkpoints");
+  }
+}
+
+}  // namespace train_gpt

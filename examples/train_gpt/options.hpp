@@ -1,0 +1,159 @@
+#pragma once
+// train_gpt's command line.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "command_line.hpp"
+#include "gpt_config.hpp"
+
+namespace train_gpt {
+
+inline constexpr const char* usage_text = R"(usage: train_gpt [options]
+Trains GPT-2 on byte-level text on every rank of an MPI or Slurm job (srun -n N ./train_gpt,
+mpirun -n N ./train_gpt, or torchrun-style variables), on any tp x pp x dp x cp layout.
+
+model
+  --model NAME           a named shape: gpt2 (= gpt2-small), gpt2-medium, gpt2-large, gpt2-xl, tiny, small
+                         (default small); the flags below override its fields
+  --layers N --hidden N --heads N --vocab N --positions N
+  --seq N                tokens per training sequence (at most --positions)
+  --init-from FILE       shape from FILE's metadata (GPT-2 config names) and weights from FILE
+run
+  --steps N              optimizer steps (default 20)
+  --lr X                 AdamW learning rate (default 1e-3), --warmup N steps of linear warm-up (0)
+  --beta1 X --beta2 X --eps X --weight-decay X   AdamW (0.9, 0.95, 1e-8, 0.1)
+  --seed N               initialisation and data order (default 1234)
+  --data FILE            training text, one byte a token (default: the corpus built from weft's docs and headers)
+layout (degrees multiply to the ranks; dp defaults to ranks / (tp pp cp))
+  --tp N --pp N --dp N --cp N --vp N   tensor, pipeline, data, context parallel degrees; virtual stages per rank
+  --schedule KIND        gpipe, 1f1b (default) or interleaved (needs --vp > 1)
+  --sequence-parallel    with tp > 1: layer norms and dropout-free regions on sequence slices
+  --micro-batch N        sequences per micro-batch (default 1)
+  --global-batch N       sequences per optimizer step over all ranks (default dp x micro-batch);
+                         micro-batches per step = global / (dp x micro-batch) (gradient accumulation)
+  --zero1                shard the optimizer state over dp (ZeRO-1)
+  --no-overlap           reduce gradients after backward instead of during it
+  --bucket-mb X          gradient bucket size in MiB (default 25)
+checkpoints and checks
+  --save FILE            write the model to FILE (safetensors, GPT-2 names) and the optimizer state and
+                         data position to FILE's name + ".optimizer" (asynchronously; atomic rename)
+  --save-every N         also every N steps (default: at the end only)
+  --resume FILE          continue from a checkpoint written by --save (same layout: bit-exact)
+  --dump-grads FILE      with --steps 1: the first step's gradients (whole tensors, GPT-2 names), input_ids,
+                         labels and loss, in safetensors
+  --log-json FILE        one JSON object per step
+  --trace FILE           a Chrome-trace timeline per rank (FILE with .rank<N> before the extension)
+  --quiet                no per-step lines (the summary only)
+  --comm-timeout SECONDS deadline of every communication (default WEFT_COMM_TIMEOUT or 600; 0: none)
+  --help
+)";
+
+struct options {
+  gpt_config model = *named_model("small");
+  std::string model_name = "small";
+  std::optional<std::string> init_from;
+  int steps = 20;
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+  int warmup = 0;
+  std::uint64_t seed = 1234;
+  std::optional<std::string> data;
+  int tp = 1, pp = 1, dp = 0, cp = 1, vp = 1;
+  std::string schedule = "1f1b";
+  bool sequence_parallel = false;
+  int micro_batch = 1;
+  int global_batch = 0;
+  bool zero1 = false;
+  bool overlap = true;
+  double bucket_mb = 25;
+  std::optional<std::string> save, resume, dump_grads, log_json, trace;
+  int save_every = 0;
+  bool quiet = false;
+  std::optional<std::chrono::milliseconds> comm_timeout;
+  bool help = false;
+  // Which model fields the command line set (they override --init-from's metadata only if equal).
+  std::vector<std::string> model_flags;
+};
+
+inline options parse_options(int argc, char** argv) {
+  using weft_programs::parse_integer;
+  using weft_programs::parse_real;
+  using weft_programs::usage_error;
+  options o;
+  std::optional<std::string> model_name;
+  std::vector<std::pair<std::string, std::string>> fields;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view flag = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw usage_error(std::string(flag) + " needs a value");
+      return argv[++i];
+    };
+    auto integer = [&](int low, int high) { return parse_integer<int>(flag, value(), low, high); };
+    auto real = [&](double low, double high) { return parse_real(flag, value(), low, high); };
+    if (flag == "--help" || flag == "-h") o.help = true;
+    else if (flag == "--model") model_name = value();
+    else if (flag == "--layers" || flag == "--hidden" || flag == "--heads" || flag == "--vocab" ||
+             flag == "--positions" || flag == "--seq")
+      fields.emplace_back(std::string(flag), value());
+    else if (flag == "--init-from") o.init_from = value();
+    else if (flag == "--steps") o.steps = integer(1, 100'000'000);
+    else if (flag == "--lr") o.lr = real(0, 10);
+    else if (flag == "--warmup") o.warmup = integer(0, 100'000'000);
+    else if (flag == "--beta1") o.beta1 = real(0, 0.999999);
+    else if (flag == "--beta2") o.beta2 = real(0, 0.999999);
+    else if (flag == "--eps") o.eps = real(0, 1);
+    else if (flag == "--weight-decay") o.weight_decay = real(0, 10);
+    else if (flag == "--seed") o.seed = parse_integer<std::uint64_t>(flag, value(), 0, ~std::uint64_t{0});
+    else if (flag == "--data") o.data = value();
+    else if (flag == "--tp") o.tp = integer(1, 1 << 20);
+    else if (flag == "--pp") o.pp = integer(1, 1 << 20);
+    else if (flag == "--dp") o.dp = integer(1, 1 << 20);
+    else if (flag == "--cp") o.cp = integer(1, 1 << 20);
+    else if (flag == "--vp") o.vp = integer(1, 1 << 10);
+    else if (flag == "--schedule") o.schedule = value();
+    else if (flag == "--sequence-parallel") o.sequence_parallel = true;
+    else if (flag == "--micro-batch") o.micro_batch = integer(1, 1 << 20);
+    else if (flag == "--global-batch") o.global_batch = integer(1, 1 << 30);
+    else if (flag == "--zero1") o.zero1 = true;
+    else if (flag == "--no-overlap") o.overlap = false;
+    else if (flag == "--bucket-mb") o.bucket_mb = real(0.001, 1 << 20);
+    else if (flag == "--save") o.save = value();
+    else if (flag == "--save-every") o.save_every = integer(0, 100'000'000);
+    else if (flag == "--resume") o.resume = value();
+    else if (flag == "--dump-grads") o.dump_grads = value();
+    else if (flag == "--log-json") o.log_json = value();
+    else if (flag == "--trace") o.trace = value();
+    else if (flag == "--quiet") o.quiet = true;
+    else if (flag == "--comm-timeout") o.comm_timeout = weft_programs::parse_comm_timeout_flag(flag, value());
+    else throw usage_error("unknown option '" + std::string(flag) + "'");
+  }
+  if (model_name) {
+    auto m = named_model(*model_name);
+    if (!m) throw usage_error("--model '" + *model_name + "' is not a known shape; known: " + std::string(model_names));
+    o.model = *m;
+    o.model_name = *model_name;
+  }
+  for (const auto& [flag, text] : fields) {
+    const int v = parse_integer<int>(flag, text, 1, 1 << 24);
+    if (flag == "--layers") o.model.layers = v;
+    else if (flag == "--hidden") o.model.hidden = v;
+    else if (flag == "--heads") o.model.heads = v;
+    else if (flag == "--vocab") o.model.vocab = v;
+    else if (flag == "--positions") o.model.positions = v;
+    else o.model.seq = v;
+    o.model_flags.push_back(flag);
+  }
+  if (o.schedule != "gpipe" && o.schedule != "1f1b" && o.schedule != "interleaved")
+    throw usage_error("--schedule '" + o.schedule + "' is not one train_gpt runs: use gpipe, 1f1b or interleaved");
+  if (o.schedule == "interleaved" && o.vp < 2)
+    throw usage_error("--schedule interleaved needs --vp 2 or more (virtual stages per rank)");
+  if (o.schedule != "interleaved" && o.vp > 1)
+    throw usage_error("--vp " + std::to_string(o.vp) + " needs --schedule interleaved");
+  if (o.dump_grads && o.steps != 1) throw usage_error("--dump-grads writes the first step's gradients: give --steps 1");
+  return o;
+}
+
+}  // namespace train_gpt

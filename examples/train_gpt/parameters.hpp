@@ -1,0 +1,156 @@
+#pragma once
+// Which parameters a rank holds, and how each relates to the whole tensor in a checkpoint: a
+// pure description of the model's parameters for a layout (no communication, no arithmetic).
+//
+// Names and whole shapes are Hugging Face GPT-2's; linear weights are (in, out) as its Conv1D
+// stores them. Tensor parallelism (Megatron) splits c_attn and c_fc by output columns (c_attn
+// per head, so each of q, k, v keeps the rank's heads), c_proj by input rows, and replicates the
+// rest. Pipeline parallelism gives virtual stage s = chunk * pp + pp_rank the layers
+// [s * L / (pp * vp), (s + 1) * L / (pp * vp)); the first virtual stage holds the embeddings, the
+// last the final layer norm and, with pp > 1, its own copy of the tied token embedding.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "gpt_config.hpp"
+
+namespace train_gpt {
+
+/// How a parameter's local part is cut from the whole tensor.
+enum class tp_split {
+  replicated,  ///< the whole tensor on every tp rank
+  columns,     ///< the last dimension, in `blocks` equal blocks each split over tp (q|k|v: 3)
+  rows,        ///< the first dimension
+};
+
+enum class param_role : std::uint8_t {
+  wte, wpe, ln_1_w, ln_1_b, attn_w, attn_b, attn_proj_w, attn_proj_b, ln_2_w, ln_2_b, fc_w, fc_b, mlp_proj_w,
+  mlp_proj_b, ln_f_w, ln_f_b
+};
+
+struct param_spec {
+  std::string name;                   // the checkpoint name, e.g. "h.3.attn.c_attn.weight"
+  param_role role;
+  int layer = -1;                     // -1 for embeddings and ln_f
+  int chunk = 0;                      // this rank's model chunk that holds it
+  std::vector<std::int64_t> whole;    // the whole tensor's shape
+  tp_split split = tp_split::replicated;
+  int blocks = 1;
+  std::size_t local_elements = 0;     // on this rank
+  bool decay = false;                 // AdamW weight decay: matrices and embeddings, not biases and norms
+};
+
+inline std::int64_t elements_of(std::span<const std::int64_t> shape) {
+  std::int64_t n = 1;
+  for (std::int64_t d : shape) n *= d;
+  return n;
+}
+
+/// This rank's place in the model: its tp rank and size, and its pipeline position.
+struct model_place {
+  int tp_rank = 0, tp = 1;
+  int pp_rank = 0, pp = 1, vp = 1;
+
+  int virtual_stage(int chunk) const noexcept { return chunk * pp + pp_rank; }
+  bool first_stage(int chunk) const noexcept { return virtual_stage(chunk) == 0; }
+  bool last_stage(int chunk) const noexcept { return virtual_stage(chunk) == pp * vp - 1; }
+  int layers_per_stage(const gpt_config& m) const noexcept { return m.layers / (pp * vp); }
+  int first_layer(const gpt_config& m, int chunk) const noexcept { return virtual_stage(chunk) * layers_per_stage(m); }
+};
+
+/// The parameters this rank holds, in forward order (chunk by chunk): the order gradients are
+/// registered with the synchronizer and buckets are planned in.
+inline std::vector<param_spec> rank_parameters(const gpt_config& m, const model_place& at) {
+  std::vector<param_spec> out;
+  const std::int64_t c = m.hidden;
+  auto add = [&](std::string name, param_role role, int layer, int chunk, std::vector<std::int64_t> whole,
+                 tp_split split, int blocks = 1) {
+    param_spec p{std::move(name), role, layer, chunk, std::move(whole), split, blocks, 0, false};
+    std::int64_t n = elements_of(p.whole);
+    if (split != tp_split::replicated) n /= at.tp;
+    p.local_elements = static_cast<std::size_t>(n);
+    p.decay = p.whole.size() == 2;
+    out.push_back(std::move(p));
+  };
+  // The last stage's copy of the tied embedding comes first: its gradient is final only after the
+  // whole pipeline step (it is summed with the first stage's), so it belongs in the last bucket.
+  if (at.pp > 1 && at.last_stage(at.vp - 1))
+    add("wte.weight", param_role::wte, -1, at.vp - 1, {m.vocab, c}, tp_split::replicated);
+  for (int chunk = 0; chunk < at.vp; ++chunk) {
+    if (at.first_stage(chunk)) {
+      add("wte.weight", param_role::wte, -1, chunk, {m.vocab, c}, tp_split::replicated);
+      add("wpe.weight", param_role::wpe, -1, chunk, {m.positions, c}, tp_split::replicated);
+    }
+    const int first = at.first_layer(m, chunk);
+    for (int l = first; l < first + at.layers_per_stage(m); ++l) {
+      const std::string h = "h." + std::to_string(l) + ".";
+      add(h + "ln_1.weight", param_role::ln_1_w, l, chunk, {c}, tp_split::replicated);
+      add(h + "ln_1.bias", param_role::ln_1_b, l, chunk, {c}, tp_split::replicated);
+      add(h + "attn.c_attn.weight", param_role::attn_w, l, chunk, {c, 3 * c}, tp_split::columns, 3);
+      add(h + "attn.c_attn.bias", param_role::attn_b, l, chunk, {3 * c}, tp_split::columns, 3);
+      add(h + "attn.c_proj.weight", param_role::attn_proj_w, l, chunk, {c, c}, tp_split::rows);
+      add(h + "attn.c_proj.bias", param_role::attn_proj_b, l, chunk, {c}, tp_split::replicated);
+      add(h + "ln_2.weight", param_role::ln_2_w, l, chunk, {c}, tp_split::replicated);
+      add(h + "ln_2.bias", param_role::ln_2_b, l, chunk, {c}, tp_split::replicated);
+      add(h + "mlp.c_fc.weight", param_role::fc_w, l, chunk, {c, 4 * c}, tp_split::columns);
+      add(h + "mlp.c_fc.bias", param_role::fc_b, l, chunk, {4 * c}, tp_split::columns);
+      add(h + "mlp.c_proj.weight", param_role::mlp_proj_w, l, chunk, {4 * c, c}, tp_split::rows);
+      add(h + "mlp.c_proj.bias", param_role::mlp_proj_b, l, chunk, {c}, tp_split::replicated);
+    }
+    if (at.last_stage(chunk)) {
+      add("ln_f.weight", param_role::ln_f_w, -1, chunk, {c}, tp_split::replicated);
+      add("ln_f.bias", param_role::ln_f_b, -1, chunk, {c}, tp_split::replicated);
+    }
+  }
+  return out;
+}
+
+/// The whole model's tensors in checkpoint order (GPT-2's), with their whole shapes.
+inline std::vector<param_spec> whole_parameters(const gpt_config& m) { return rank_parameters(m, model_place{}); }
+
+/// Calls `copy(whole_offset, local_offset, count)` for every run of elements that the local part
+/// of `p` on tp rank `tp_rank` of `tp` shares with the whole tensor (row-major both).
+template <class Copy>
+void for_each_local_run(const param_spec& p, int tp_rank, int tp, Copy&& copy) {
+  const std::size_t whole = static_cast<std::size_t>(elements_of(p.whole));
+  switch (p.split) {
+    case tp_split::replicated: copy(std::size_t{0}, std::size_t{0}, whole); return;
+    case tp_split::rows: {
+      const std::size_t rows = static_cast<std::size_t>(p.whole[0]) / static_cast<std::size_t>(tp);
+      const std::size_t row = whole / static_cast<std::size_t>(p.whole[0]);
+      copy(static_cast<std::size_t>(tp_rank) * rows * row, std::size_t{0}, rows * row);
+      return;
+    }
+    case tp_split::columns: {
+      const std::size_t cols = static_cast<std::size_t>(p.whole.back());
+      const std::size_t rows = whole / cols;
+      const std::size_t block = cols / static_cast<std::size_t>(p.blocks);
+      const std::size_t part = block / static_cast<std::size_t>(tp);
+      const std::size_t local_cols = part * static_cast<std::size_t>(p.blocks);
+      for (std::size_t r = 0; r < rows; ++r)
+        for (std::size_t b = 0; b < static_cast<std::size_t>(p.blocks); ++b)
+          copy(r * cols + b * block + static_cast<std::size_t>(tp_rank) * part, r * local_cols + b * part, part);
+      return;
+    }
+  }
+}
+
+/// The local part of `p` from its whole tensor.
+inline void cut_local(const param_spec& p, int tp_rank, int tp, std::span<const float> whole, std::span<float> local) {
+  for_each_local_run(p, tp_rank, tp, [&](std::size_t w, std::size_t l, std::size_t n) {
+    std::copy(whole.begin() + static_cast<std::ptrdiff_t>(w), whole.begin() + static_cast<std::ptrdiff_t>(w + n),
+              local.begin() + static_cast<std::ptrdiff_t>(l));
+  });
+}
+/// Writes the local part of `p` into its place in the whole tensor.
+inline void place_local(const param_spec& p, int tp_rank, int tp, std::span<const float> local, std::span<float> whole) {
+  for_each_local_run(p, tp_rank, tp, [&](std::size_t w, std::size_t l, std::size_t n) {
+    std::copy(local.begin() + static_cast<std::ptrdiff_t>(l), local.begin() + static_cast<std::ptrdiff_t>(l + n),
+              whole.begin() + static_cast<std::ptrdiff_t>(w));
+  });
+}
+
+}  // namespace train_gpt

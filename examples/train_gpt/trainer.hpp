@@ -1,0 +1,592 @@
+#pragma once
+// The training loop: process groups from the layout, the model's chunks run by weft's pipeline
+// executor, gradients reduced by weft's synchronizer during backward, AdamW (optionally on a
+// ZeRO-1 shard), checkpoints, and what the run reports.
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <weft/checkpoint/async_writer.hpp>
+#include <weft/checkpoint/safetensors.hpp>
+#include <weft/comm/communicator.hpp>
+#include <weft/grad/flat_buffer.hpp>
+#include <weft/grad/synchronizer.hpp>
+#include <weft/layout/layout.hpp>
+#include <weft/layout/process_groups.hpp>
+#include <weft/pipeline/executor.hpp>
+#include <weft/pipeline/schedules.hpp>
+
+#include "checkpoint_io.hpp"
+#include "command_line.hpp"
+#include "cpu_kernels.hpp"
+#include "data.hpp"
+#include "json_output.hpp"
+#include "model.hpp"
+#include "options.hpp"
+#include "parameters.hpp"
+#include "timeline.hpp"
+
+namespace train_gpt {
+
+/// A mistake in the flags or files that every rank finds alike (reported once, exit status 1).
+using weft_programs::input_error;
+
+/// Everything the layout decides, derived from the flags and the number of ranks.
+struct run_layout {
+  layout_degrees degrees;
+  int micro_batches = 1;  // per optimizer step, per dp rank
+  int global_batch = 1;
+};
+
+inline run_layout resolve_layout(const options& o, const gpt_config& m, int world) {
+  run_layout r;
+  layout_degrees& d = r.degrees;
+  d.tp = o.tp, d.pp = o.pp, d.cp = o.cp, d.vp = o.vp, d.sequence_parallel = o.sequence_parallel,
+  d.micro_batch = o.micro_batch;
+  const long model_parallel = static_cast<long>(o.tp) * o.pp * o.cp;
+  if (o.dp == 0) {
+    if (world % model_parallel != 0)
+      throw input_error("--tp " + std::to_string(o.tp) + " x --pp " + std::to_string(o.pp) + " x --cp " +
+                        std::to_string(o.cp) + " = " + std::to_string(model_parallel) + " does not divide the " +
+                        std::to_string(world) + " ranks: launch a multiple of " + std::to_string(model_parallel) +
+                        " ranks or change the degrees");
+    d.dp = static_cast<int>(world / model_parallel);
+  } else {
+    d.dp = o.dp;
+    if (model_parallel * o.dp != world)
+      throw input_error("--tp " + std::to_string(o.tp) + " x --pp " + std::to_string(o.pp) + " x --cp " +
+                        std::to_string(o.cp) + " x --dp " + std::to_string(o.dp) + " = " +
+                        std::to_string(model_parallel * o.dp) + " ranks, but " + std::to_string(world) +
+                        " were launched: make the degrees multiply to the ranks (or leave --dp out)");
+  }
+  r.global_batch = o.global_batch > 0 ? o.global_batch : d.dp * o.micro_batch;
+  if (r.global_batch % (d.dp * o.micro_batch) != 0)
+    throw input_error("--global-batch " + std::to_string(r.global_batch) + " is not a multiple of dp " +
+                      std::to_string(d.dp) + " x --micro-batch " + std::to_string(o.micro_batch) +
+                      ": every dp rank runs whole micro-batches; pick a global batch divisible by " +
+                      std::to_string(d.dp * o.micro_batch));
+  r.micro_batches = r.global_batch / (d.dp * o.micro_batch);
+  if (o.pp > 1 && o.schedule == "interleaved" && r.micro_batches % o.pp != 0)
+    throw input_error("the interleaved schedule runs micro-batches in groups of pp: " + std::to_string(r.micro_batches) +
+                      " micro-batches per step (global batch / (dp x micro-batch)) is not a multiple of --pp " +
+                      std::to_string(o.pp) + "; change --global-batch or --micro-batch");
+  std::vector<std::string> problems = shape_problems(m, d);
+  if (!problems.empty()) {
+    std::string text = problems.front();
+    for (std::size_t i = 1; i < problems.size(); ++i) text += "; " + problems[i];
+    throw input_error(text);
+  }
+  return r;
+}
+
+/// Deterministic initial values, whatever the layout: every whole tensor from (seed, name),
+/// GPT-2's scheme (normal 0.02; residual projections 0.02 / sqrt(2 layers); biases 0; norms 1).
+inline std::vector<float> initial_whole(const param_spec& p, const gpt_config& m, std::uint64_t seed) {
+  const std::size_t n = static_cast<std::size_t>(elements_of(p.whole));
+  std::vector<float> out(n, 0.0f);
+  switch (p.role) {
+    case param_role::ln_1_w: case param_role::ln_2_w: case param_role::ln_f_w:
+      std::fill(out.begin(), out.end(), 1.0f);
+      return out;
+    case param_role::ln_1_b: case param_role::ln_2_b: case param_role::ln_f_b: case param_role::attn_b:
+    case param_role::attn_proj_b: case param_role::fc_b: case param_role::mlp_proj_b:
+      return out;
+    default: break;
+  }
+  double std = 0.02;
+  if (p.role == param_role::attn_proj_w || p.role == param_role::mlp_proj_w) std /= std::sqrt(2.0 * m.layers);
+  std::uint64_t state = seed * 0x9E3779B97F4A7C15ull;
+  for (char ch : p.name) state = (state ^ static_cast<unsigned char>(ch)) * 0x100000001B3ull;
+  auto next = [&] {  // splitmix64 -> uniform in (0, 1)
+    std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (static_cast<double>(z >> 11) + 0.5) * 0x1.0p-53;
+  };
+  for (std::size_t i = 0; i < n; i += 2) {  // Box-Muller
+    const double r = std::sqrt(-2.0 * std::log(next())), a = 6.283185307179586 * next();
+    out[i] = static_cast<float>(std * r * std::cos(a));
+    if (i + 1 < n) out[i + 1] = static_cast<float>(std * r * std::sin(a));
+  }
+  return out;
+}
+
+/// This process's peak resident memory.
+inline std::int64_t max_rss_bytes() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<std::int64_t>(usage.ru_maxrss) * 1024;
+}
+
+/// The optimizer-state file that goes with a model file.
+inline std::string optimizer_path(const std::string& model_path) { return model_path + ".optimizer"; }
+
+template <weft::backend B>
+class trainer {
+  using comm = weft::communicator<B>;
+  using clock = std::chrono::steady_clock;
+
+ public:
+  trainer(comm& world, options o, gpt_config m, run_layout r, const corpus& data)
+      : world_(world), o_(std::move(o)), m_(m), r_(r), data_(data),
+        groups_(world, weft::layout::rank_layout(weft::layout::layout_spec{.world_size = world.size(),
+                                                                            .tp = r.degrees.tp,
+                                                                            .cp = r.degrees.cp,
+                                                                            .pp = r.degrees.pp,
+                                                                            .dp = r.degrees.dp})),
+        coords_(groups_.coordinates()),
+        place_{.tp_rank = coords_.tp, .tp = r.degrees.tp, .pp_rank = coords_.pp, .pp = r.degrees.pp, .vp = r.degrees.vp},
+        specs_(rank_parameters(m_, place_)),
+        model_({.model = m_, .place = place_, .sequence_parallel = r.degrees.sequence_parallel,
+                .micro_batch = r.degrees.micro_batch, .cp = r.degrees.cp},
+               specs_, groups_.tp(), groups_.cp()),
+        sync_(groups_.get(weft::layout::group_kind::dp_cp),
+              {.bucket_bytes = static_cast<std::size_t>(o_.bucket_mb * (1 << 20)),
+               .scale = weft::grad::scaling::sum,
+               .shard_optimizer_state = o_.zero1,
+               .overlap = o_.overlap,
+               .warn_if_not_overlapped = false}),
+        trace_(o_.trace.has_value()), index_(m_) {
+    for (const param_spec& p : specs_) sync_.add_param(p.name, p.local_elements);
+    sync_.freeze();
+    params_ = std::make_unique<weft::grad::flat_buffer<float>>(sync_.shared_plan());
+    std::vector<std::span<float>> pv, gv;
+    for (std::size_t i = 0; i < specs_.size(); ++i) {
+      pv.push_back(params_->view(i));
+      gv.push_back(sync_.grad(i));
+    }
+    model_.bind(std::move(pv), std::move(gv));
+    skip_.assign(specs_.size(), false);
+    for (std::size_t i = 0; i < specs_.size(); ++i)
+      skip_[i] = specs_[i].role == param_role::wte && place_.pp > 1 && !place_.first_stage(specs_[i].chunk);
+    // Optimizer state: whole local parameters, or this rank's ZeRO-1 shard.
+    if (o_.zero1) {
+      for (const weft::grad::shard_segment& s : sync_.shard_segments())
+        opt_segments_.push_back({s.param, s.param_offset, s.count, opt_size_}), opt_size_ += s.count;
+    } else {
+      for (std::size_t i = 0; i < specs_.size(); ++i)
+        opt_segments_.push_back({i, 0, specs_[i].local_elements, opt_size_}), opt_size_ += specs_[i].local_elements;
+    }
+    m1_.assign(opt_size_, 0.0f);
+    m2_.assign(opt_size_, 0.0f);
+    own_ = {.tp_rank = coords_.tp, .tp = r.degrees.tp, .data_leader = coords_.dp == 0 && coords_.cp == 0};
+    for (int c = 0; c < place_.vp; ++c) chunk_params_.emplace_back();
+    for (std::size_t i = 0; i < specs_.size(); ++i) chunk_params_[static_cast<std::size_t>(specs_[i].chunk)].push_back(i);
+  }
+
+  /// Initial weights: from (seed) or from a file's whole tensors.
+  void initialize(const std::optional<std::string>& from) {
+    if (from) {
+      const weft::checkpoint::checkpoint_file f = read_checked(*from);
+      load_params(f, *from);
+      return;
+    }
+    for (std::size_t i = 0; i < specs_.size(); ++i) {
+      std::vector<float> whole = initial_whole(specs_[i], m_, o_.seed);
+      cut_local(specs_[i], place_.tp_rank, place_.tp, whole, params_->view(i));
+    }
+  }
+
+  void resume(const std::string& path) {
+    const weft::checkpoint::checkpoint_file f = read_checked(path);
+    load_params(f, path);
+    const std::string opt = optimizer_path(path);
+    const weft::checkpoint::checkpoint_file s = read_checked(opt);
+    expect_model_tensors(s, opt, index_, "exp_avg.");
+    expect_model_tensors(s, opt, index_, "exp_avg_sq.");
+    auto number = [&](const char* key) {
+      auto it = s.metadata.find(key);
+      if (it == s.metadata.end())
+        throw input_error("optimizer state '" + opt + "' has no '" + key + "' in its metadata: re-save the checkpoint");
+      return std::stoll(it->second);
+    };
+    step_ = number("step");
+    if (static_cast<std::uint64_t>(number("seed")) != o_.seed)
+      throw input_error("the checkpoint was trained with --seed " + s.metadata.at("seed") + " (its data order), not " +
+                        std::to_string(o_.seed) + ": resume with --seed " + s.metadata.at("seed"));
+    for (const char* prefix : {"exp_avg.", "exp_avg_sq."}) {
+      std::vector<float>& target = std::string(prefix) == "exp_avg." ? m1_ : m2_;
+      std::map<std::string, std::vector<float>> values;
+      scatter_whole(specs_, opt_segments_, target, place_.tp_rank, place_.tp, [&](const std::string& name) {
+        auto& v = values[name];
+        if (v.empty()) v = weft::checkpoint::values_of<float>(s.at(prefix + name));
+        return std::span<const float>(v);
+      });
+    }
+    if (world_.rank() == 0)
+      std::printf("resumed from %s at step %lld\n", path.c_str(), static_cast<long long>(step_));
+  }
+
+  int run() {
+    const int rank = world_.rank();
+    const corpus& data = data_;
+    const int per_dp = r_.global_batch / r_.degrees.dp;
+    batch_loader loader(
+        [&](std::int64_t step) { return data.sequences(o_.seed, step, coords_.dp * per_dp, per_dp, m_.seq); }, step_,
+        o_.steps);
+    const std::vector<std::int64_t> positions = model_.sequence_positions();
+    const auto [row_first, row_count] = model_.row_range();
+    const float loss_scale = 1.0f / static_cast<float>(static_cast<double>(r_.global_batch) * m_.seq);
+    const double tokens_per_step = static_cast<double>(r_.global_batch) * m_.seq;
+
+    std::vector<micro_batch_tokens> batches(static_cast<std::size_t>(r_.micro_batches));
+    double loss_sum = 0;
+    std::vector<int> backward_count(static_cast<std::size_t>(place_.vp), 0);
+    double mark_seconds = 0;
+
+    // The timeline: each callback, each tp exchange, and the gaps between callbacks in which the
+    // rank waited for the pipeline (the bubble, seen from this rank).
+    model_.on_exchange([&](const char* name, clock::time_point a, clock::time_point b) {
+      trace_.add(name, "tp exchange", a, b);
+    });
+    std::optional<clock::time_point> last_end;
+    auto waited_until = [&](clock::time_point now) {
+      if (last_end && place_.pp > 1) trace_.add("waiting for the pipeline", "pipeline", *last_end, now);
+    };
+    weft::pipeline::stage_callbacks<float> callbacks;
+    callbacks.forward = [&](int mb, int chunk, std::span<const float> input, std::span<float> output) {
+      const auto t0 = clock::now();
+      waited_until(t0);
+      loss_sum += model_.forward(mb, chunk, batches[static_cast<std::size_t>(mb)], input, output, loss_scale);
+      last_end = clock::now();
+      trace_.add("forward mb " + std::to_string(mb) + " chunk " + std::to_string(chunk), "compute", t0, *last_end);
+    };
+    callbacks.backward = [&](int mb, int chunk, std::span<const float> output_grad, std::span<float> input_grad) {
+      const auto t0 = clock::now();
+      waited_until(t0);
+      model_.backward(mb, chunk, batches[static_cast<std::size_t>(mb)], output_grad, input_grad);
+      trace_.add("backward mb " + std::to_string(mb) + " chunk " + std::to_string(chunk), "compute", t0, clock::now());
+      ++backward_count[static_cast<std::size_t>(chunk)];
+      last_end = clock::now();
+    };
+    // On a chunk's last micro-batch, each group's gradients are final as soon as backward has
+    // added them: hand them to the synchronizer then, so their buckets reduce during the rest of
+    // backward.
+    model_.on_gradients_added([&](int chunk, int group) {
+      if (backward_count[static_cast<std::size_t>(chunk)] != r_.micro_batches - 1) return;
+      const auto t1 = clock::now();
+      gradients_final(chunk, group);
+      mark_seconds += std::chrono::duration<double>(clock::now() - t1).count();
+      trace_.add("gradients handed to the reduction", "dp reduction", t1, clock::now());
+    });
+    weft::pipeline::schedule table = weft::pipeline::make_schedule(
+        {.kind = o_.schedule == "gpipe" ? weft::pipeline::schedule_kind::gpipe
+                 : o_.schedule == "interleaved" ? weft::pipeline::schedule_kind::interleaved
+                                                 : weft::pipeline::schedule_kind::one_f_one_b,
+         .stages = place_.pp,
+         .micro_batches = r_.micro_batches,
+         .virtual_stages = place_.vp,
+         .layers = m_.layers});
+    weft::pipeline::executor<B, float> pipeline(groups_.pp(), std::move(table), callbacks,
+                                               {.elements = model_.boundary_elements(), .layers = m_.layers});
+
+    std::ofstream log_json;
+    if (o_.log_json && rank == 0) log_json = weft_programs::open_json_output(*o_.log_json);
+    weft::checkpoint::async_writer writer;
+    const auto run_start = clock::now();
+    double first_loss = 0, last_loss = 0, tokens_total = 0, seconds_total = 0;
+    std::vector<double> step_times;
+
+    for (std::int64_t step = step_; step < o_.steps; ++step) {
+      const auto t0 = clock::now();
+      // This rank's part of each micro-batch: its dp slice, cp chunks, and sequence-parallel rows.
+      const std::vector<std::int32_t> slice = loader.take(step);
+      const std::size_t seq1 = static_cast<std::size_t>(m_.seq) + 1;
+      for (int mb = 0; mb < r_.micro_batches; ++mb) {
+        micro_batch_tokens& b = batches[static_cast<std::size_t>(mb)];
+        b.tokens.clear(), b.labels.clear(), b.positions.clear();
+        std::vector<std::int32_t> all_tokens, all_labels;
+        std::vector<std::int64_t> all_positions;
+        for (int s = 0; s < r_.degrees.micro_batch; ++s) {
+          const std::int32_t* seq = slice.data() + static_cast<std::size_t>(mb * r_.degrees.micro_batch + s) * seq1;
+          for (std::int64_t p : positions) {
+            all_tokens.push_back(seq[p]);
+            all_labels.push_back(seq[p + 1]);
+            all_positions.push_back(p);
+          }
+        }
+        b.tokens.assign(all_tokens.begin() + static_cast<std::ptrdiff_t>(row_first),
+                        all_tokens.begin() + static_cast<std::ptrdiff_t>(row_first + row_count));
+        b.labels.assign(all_labels.begin() + static_cast<std::ptrdiff_t>(row_first),
+                        all_labels.begin() + static_cast<std::ptrdiff_t>(row_first + row_count));
+        b.positions.assign(all_positions.begin() + static_cast<std::ptrdiff_t>(row_first),
+                           all_positions.begin() + static_cast<std::ptrdiff_t>(row_first + row_count));
+      }
+      loss_sum = 0;
+      std::fill(backward_count.begin(), backward_count.end(), 0);
+      mark_seconds = 0;
+      model_.reset_exchange_seconds();
+
+      last_end.reset();
+      const weft::pipeline::step_stats stats = pipeline.run();
+      // The last stage's copy of the tied embedding: summed with the first stage's, then reduced.
+      const auto t_tail = clock::now();
+      for (std::size_t i : chunk_params_[static_cast<std::size_t>(place_.vp - 1)])
+        if (skip_[i]) {
+          sum_split_gradient(i);
+          sync_.mark_ready(i);
+        }
+      sync_.finish();
+      const double tail_s = std::chrono::duration<double>(clock::now() - t_tail).count();
+      const auto t_dump = clock::now();
+      if (o_.dump_grads) dump_gradients(*o_.dump_grads, step, slice);
+      const auto t_opt = clock::now();
+      double gather_s = optimizer_step(step + 1);
+      sync_.zero_grad();
+      trace_.add("optimizer", "compute", t_opt, clock::now());
+      trace_.add("gradient reduction (exposed)", "dp reduction", t_tail, t_dump);
+
+      // Loss over the global batch: rows are disjoint over dp, cp and (with sequence parallelism)
+      // tp; without it every tp rank computed the same rows, so only tp rank 0 counts them.
+      double loss = (r_.degrees.sequence_parallel || coords_.tp == 0) ? loss_sum : 0.0;
+      world_.all_reduce(std::span<double>(&loss, 1));
+      loss /= tokens_per_step;
+      const double step_s = std::chrono::duration<double>(clock::now() - t0).count();
+      // Exposed communication: blocked in tp/cp exchanges, in marking gradients (the tp and
+      // embedding sums), in the dp reduction after backward, in the ZeRO-1 gather; bubble: blocked
+      // on pipeline inputs.
+      std::array<double, 3> times{model_.exchange_seconds() + mark_seconds + tail_s + gather_s, stats.wait_seconds,
+                                  step_s};
+      world_.all_reduce(std::span<double>(times), weft::reduce_op::max);
+      // The largest resident memory of any rank so far (model, optimizer state, activations, buffers).
+      std::int64_t peak_memory = max_rss_bytes();
+      world_.all_reduce(std::span<std::int64_t>(&peak_memory, 1), weft::reduce_op::max);
+      if (rank == 0 && o_.dump_grads) finish_dump(loss);
+      if (step == step_) first_loss = loss;
+      last_loss = loss;
+      step_times.push_back(times[2]);
+      tokens_total += tokens_per_step;
+      seconds_total += times[2];
+      if (rank == 0) {
+        const double tps = tokens_per_step / times[2];
+        if (!o_.quiet) {
+          const double eta = static_cast<double>(o_.steps - step - 1) * (seconds_total / static_cast<double>(step - step_ + 1));
+          std::printf("step %lld/%d | loss %.6f | %.0f tokens/s | step %.1f ms | exposed comm %.1f ms | bubble %.1f ms "
+                      "| eta %.0f s\n",
+                      static_cast<long long>(step + 1), o_.steps, loss, tps, times[2] * 1e3, times[0] * 1e3,
+                      times[1] * 1e3, eta);
+          std::fflush(stdout);
+        }
+        if (log_json.is_open()) {
+          log_json << "{\"step\": " << step + 1 << ", \"loss\": " << loss << ", \"tokens_per_s\": " << tps
+                   << ", \"step_time_s\": " << times[2] << ", \"exposed_comm_s\": " << times[0]
+                   << ", \"bubble_s\": " << times[1] << ", \"max_rss_bytes\": " << peak_memory << "}\n";
+          log_json.flush();
+        }
+      }
+      const bool last = step + 1 == o_.steps;
+      if (o_.save && (last || (o_.save_every > 0 && (step + 1) % o_.save_every == 0))) save(writer, step + 1);
+    }
+    writer.wait();
+    if (o_.trace) {
+      std::string path = *o_.trace;
+      const auto dot = path.rfind('.');
+      const std::string suffix = ".rank" + std::to_string(rank);
+      path = dot == std::string::npos || path.find('/', dot) != std::string::npos ? path + suffix
+                                                                                 : path.substr(0, dot) + suffix + path.substr(dot);
+      trace_.write(path, rank);
+    }
+    if (rank == 0) {
+      std::vector<double> sorted = step_times;
+      std::sort(sorted.begin(), sorted.end());
+      const double median = sorted.empty() ? 0 : sorted[sorted.size() / 2];
+      std::printf("done: %lld steps, loss %.4f -> %.4f, median step %.1f ms, %.0f tokens/s, %.1f s in all "
+                  "(tp %d pp %d dp %d cp %d, %d micro-batches of %d)\n",
+                  static_cast<long long>(o_.steps - step_), first_loss, last_loss, median * 1e3,
+                  median > 0 ? tokens_per_step / median : 0.0,
+                  std::chrono::duration<double>(clock::now() - run_start).count(), place_.tp, place_.pp, r_.degrees.dp,
+                  r_.degrees.cp, r_.micro_batches, r_.degrees.micro_batch);
+    }
+    return 0;
+  }
+
+ private:
+  weft::checkpoint::checkpoint_file read_checked(const std::string& path) {
+    try {
+      return weft::checkpoint::read_safetensors(path);
+    } catch (const std::exception& e) {
+      throw input_error(std::string(e.what()));
+    }
+  }
+
+  void load_params(const weft::checkpoint::checkpoint_file& f, const std::string& path) {
+    try {
+      expect_model_tensors(f, path, index_);
+    } catch (const std::exception& e) {
+      throw input_error(e.what());
+    }
+    std::map<std::string, std::vector<float>> values;
+    scatter_whole(specs_, buffer_segments(*params_), params_->all(), place_.tp_rank, place_.tp,
+                  [&](const std::string& name) {
+                    auto& v = values[name];
+                    if (v.empty()) v = weft::checkpoint::values_of<float>(f.at(name));
+                    return std::span<const float>(v);
+                  });
+  }
+
+  /// A group's gradients are complete (its chunk's last micro-batch): sum what tp or the
+  /// embedding group split, then let the synchronizer reduce them (in reverse registration order).
+  void gradients_final(int chunk, int group) {
+    const auto& list = chunk_params_[static_cast<std::size_t>(chunk)];
+    for (auto it = list.rbegin(); it != list.rend(); ++it) {
+      const std::size_t i = *it;
+      if (skip_[i] || group_of(specs_[i]) != group) continue;  // skip_: the last stage's embedding copy, after the step
+      sum_split_gradient(i);
+      sync_.mark_ready(i);
+    }
+  }
+
+  /// The backward group (model.hpp) a parameter's gradient is final with.
+  int group_of(const param_spec& p) const {
+    if (p.layer >= 0) return p.layer;
+    if (p.role == param_role::ln_f_w || p.role == param_role::ln_f_b) return gpt_model<B>::head_group;
+    return gpt_model<B>::embedding_group;  // wte (input side; with pp = 1 also the output side), wpe
+  }
+
+  /// Sums the parts of parameter i's gradient that other ranks of the same replica computed:
+  /// over tp for what tp replicates when sequence parallelism split the tokens, and over the
+  /// first and last stages for the tied embedding.
+  void sum_split_gradient(std::size_t i) {
+    if (r_.degrees.sequence_parallel && place_.tp > 1 && specs_[i].split == tp_split::replicated)
+      groups_.tp().all_reduce(sync_.grad(i));
+    if (specs_[i].role == param_role::wte && place_.pp > 1)
+      groups_.get(weft::layout::group_kind::embedding).all_reduce(sync_.grad(i));
+  }
+
+  /// AdamW on every local parameter, or on the ZeRO-1 shard and then the gather. Returns the
+  /// seconds of the gather.
+  double optimizer_step(std::int64_t step) {
+    cpu_kernels::adamw_settings s{.lr = static_cast<float>(learning_rate(step)),
+                                  .beta1 = static_cast<float>(o_.beta1),
+                                  .beta2 = static_cast<float>(o_.beta2),
+                                  .eps = static_cast<float>(o_.eps),
+                                  .weight_decay = static_cast<float>(o_.weight_decay)};
+    for (const state_segment& seg : opt_segments_) {
+      float* p = params_->view(seg.param).data() + seg.param_offset;
+      const float* g = sync_.grad(seg.param).data() + seg.param_offset;
+      cpu_kernels::adamw(p, g, m1_.data() + seg.state_offset, m2_.data() + seg.state_offset, seg.count, step, s,
+                         specs_[seg.param].decay);
+    }
+    if (!o_.zero1) return 0;
+    const auto t0 = clock::now();
+    sync_.gather_params(*params_);
+    trace_.add("ZeRO-1 parameter gather", "dp reduction", t0, clock::now());
+    return std::chrono::duration<double>(clock::now() - t0).count();
+  }
+
+  double learning_rate(std::int64_t step) const {
+    if (o_.warmup > 0 && step <= o_.warmup) return o_.lr * static_cast<double>(step) / o_.warmup;
+    return o_.lr;
+  }
+
+  std::vector<float> gather(std::span<const state_segment> segments, std::span<const float> state, bool sharded) {
+    return gather_whole(world_, index_, specs_, segments, state, own_, sharded, skip_);
+  }
+
+  /// Parameter segments as offsets into the flat buffer (for gathering straight from it).
+  std::vector<state_segment> buffer_segments(const weft::grad::flat_buffer<float>& buffer) const {
+    std::vector<state_segment> out;
+    for (std::size_t i = 0; i < specs_.size(); ++i)
+      out.push_back({i, 0, specs_[i].local_elements,
+                     static_cast<std::size_t>(buffer.view(i).data() - buffer.all().data())});
+    return out;
+  }
+
+  void save(weft::checkpoint::async_writer& writer, std::int64_t step) {
+    const auto t0 = clock::now();
+    const std::vector<float> params = gather(buffer_segments(*params_), params_->all(), false);
+    const std::vector<float> m1 = gather(opt_segments_, m1_, o_.zero1);
+    const std::vector<float> m2 = gather(opt_segments_, m2_, o_.zero1);
+    if (world_.rank() == 0) {
+      weft::checkpoint::checkpoint_file model{config_metadata(m_), whole_records(index_, params)};
+      weft::checkpoint::checkpoint_file state;
+      state.metadata = {{"step", std::to_string(step)},
+                        {"seed", std::to_string(o_.seed)},
+                        {"data_position", "step " + std::to_string(step) + " of the (seed, step) sampler"},
+                        {"layout", "tp " + std::to_string(place_.tp) + " pp " + std::to_string(place_.pp) + " dp " +
+                                       std::to_string(r_.degrees.dp) + " cp " + std::to_string(r_.degrees.cp)}};
+      for (auto& r : whole_records(index_, m1, "exp_avg.")) state.tensors.push_back(std::move(r));
+      for (auto& r : whole_records(index_, m2, "exp_avg_sq.")) state.tensors.push_back(std::move(r));
+      // The model file is renamed into place last: a model file is never newer than its state.
+      writer.submit(optimizer_path(*o_.save), std::move(state));
+      writer.submit(*o_.save, std::move(model));
+    }
+    trace_.add("checkpoint snapshot", "checkpoint", t0, clock::now());
+  }
+
+  void dump_gradients(const std::string& path, std::int64_t step, const std::vector<std::int32_t>&) {
+    std::vector<float> grads;
+    if (o_.zero1) {
+      std::vector<state_segment> segs;
+      for (const weft::grad::shard_segment& s : sync_.shard_segments())
+        segs.push_back({s.param, s.param_offset, s.count,
+                        static_cast<std::size_t>(sync_.grad(s.param).data() - sync_.grads().all().data()) +
+                            s.param_offset});
+      grads = gather(segs, sync_.grads().all(), true);
+    } else {
+      grads = gather(buffer_segments(sync_.grads()), sync_.grads().all(), false);
+    }
+    if (world_.rank() != 0) return;
+    // The whole global batch, as every rank's sampler gives it.
+    const std::vector<std::int32_t> all = data_.sequences(o_.seed, step, 0, r_.global_batch, m_.seq);
+    std::vector<std::int64_t> ids, labels;
+    for (int s = 0; s < r_.global_batch; ++s)
+      for (int t = 0; t < m_.seq; ++t) {
+        ids.push_back(all[static_cast<std::size_t>(s) * (m_.seq + 1) + t]);
+        labels.push_back(all[static_cast<std::size_t>(s) * (m_.seq + 1) + t + 1]);
+      }
+    weft::checkpoint::checkpoint_file f{config_metadata(m_), whole_records(index_, grads)};
+    f.tensors.push_back(weft::checkpoint::make_record<std::int64_t>("input_ids", {r_.global_batch, m_.seq}, ids));
+    f.tensors.push_back(weft::checkpoint::make_record<std::int64_t>("labels", {r_.global_batch, m_.seq}, labels));
+    dump_pending_ = std::move(f);
+    dump_path_ = path;
+  }
+
+ public:
+  /// Writes the gradient dump (rank 0) once the step's loss is known.
+  void finish_dump(double loss) {
+    if (!dump_pending_) return;
+    const float l = static_cast<float>(loss);
+    dump_pending_->tensors.push_back(weft::checkpoint::make_record<float>("loss", {}, std::span<const float>(&l, 1)));
+    weft::checkpoint::write_safetensors(dump_path_, *dump_pending_);
+    dump_pending_.reset();
+  }
+
+ private:
+  comm& world_;
+  options o_;
+  gpt_config m_;
+  run_layout r_;
+  const corpus& data_;
+  weft::process_groups<B> groups_;
+  weft::layout::rank_coordinates coords_;
+  model_place place_;
+  std::vector<param_spec> specs_;
+  gpt_model<B> model_;
+  weft::grad::synchronizer<B, float> sync_;
+  timeline trace_;
+  whole_index index_;
+  std::unique_ptr<weft::grad::flat_buffer<float>> params_;
+  std::vector<bool> skip_;
+  std::vector<state_segment> opt_segments_;
+  std::size_t opt_size_ = 0;
+  std::vector<float> m1_, m2_;
+  ownership own_;
+  std::vector<std::vector<std::size_t>> chunk_params_;
+  std::int64_t step_ = 0;
+  std::optional<weft::checkpoint::checkpoint_file> dump_pending_;
+  std::string dump_path_;
+};
+
+}  // namespace train_gpt

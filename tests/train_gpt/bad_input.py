@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""train_gpt refuses bad input on every rank with one message, and never hangs.
+
+  bad_input.py TRAIN_GPT LAUNCH...
+
+Each case runs train_gpt on 2 or 4 ranks with one mistake and checks: a non-zero exit within the
+time limit, the message (a fragment that says what was wrong and what to do) printed exactly once,
+and no traceback of an abort. The checkpoint cases first save a good checkpoint, then damage a copy.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+SMALL = ["--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "32", "--positions", "64", "--quiet"]
+
+
+def main():
+    train_gpt, launch = sys.argv[1], sys.argv[2:]
+    failures = []
+    with tempfile.TemporaryDirectory() as tmp:
+        good = os.path.join(tmp, "good.safetensors")
+        r = subprocess.run(launch + ["-n", "1", train_gpt] + SMALL + ["--steps", "1", "--save", good],
+                           capture_output=True, text=True, timeout=120)
+        if r.returncode != 0:
+            sys.exit("bad_input: could not save the checkpoint the damaged copies start from:\n" + r.stderr[-3000:])
+        truncated = os.path.join(tmp, "truncated.safetensors")
+        with open(good, "rb") as f:
+            data = f.read()
+        with open(truncated, "wb") as f:
+            f.write(data[: len(data) // 2])
+        corrupt = os.path.join(tmp, "corrupt.safetensors")
+        with open(corrupt, "wb") as f:
+            f.write(data[:8] + b"{" * 16 + data[24:])
+        shutil.copy(good + ".optimizer", truncated + ".optimizer")
+        stateless = os.path.join(tmp, "stateless.safetensors")  # a model file without its optimizer state
+        shutil.copy(good, stateless)
+        cases = [
+            ("degrees that do not multiply to the ranks", 4, ["--tp", "2", "--pp", "2", "--dp", "2"],
+             "ranks, but 4 were launched"),
+            ("degrees that do not divide the ranks", 4, ["--tp", "3"], "does not divide the 4 ranks"),
+            ("heads not divisible by tp", 2, ["--tp", "2", "--heads", "3", "--hidden", "63"], "is not divisible by --tp 2"),
+            ("hidden not divisible by heads", 2, ["--hidden", "66"], "is not divisible by --heads 4"),
+            ("layers not divisible by pp", 2, ["--pp", "2", "--layers", "3"], "do not split over --pp 2"),
+            ("a sequence longer than the positions", 2, ["--seq", "100"], "is longer than the model's 64 positions"),
+            ("a global batch that dp does not divide", 2, ["--global-batch", "3"], "is not a multiple of dp 2"),
+            ("a missing data file", 2, ["--data", os.path.join(tmp, "missing.txt")], "cannot open the data file"),
+            ("a checkpoint of another shape", 2, ["--resume", good, "--hidden", "128"],
+             "has shape [256, 64] but this model needs [256, 128]"),
+            ("flags that disagree with --init-from", 2, ["--init-from", good, "--layers", "3"],
+             "--layers 3 disagrees with"),
+            ("a truncated checkpoint", 2, ["--resume", truncated], "truncated"),
+            ("a corrupt checkpoint", 2, ["--init-from", corrupt], corrupt),
+            ("a missing checkpoint", 2, ["--resume", os.path.join(tmp, "none.safetensors")], "cannot open it"),
+            ("resume without the optimizer state", 2, ["--resume", stateless], "stateless.safetensors.optimizer"),
+        ]
+        for what, ranks, flags, fragment in cases:
+            command = launch + ["-n", str(ranks), train_gpt] + SMALL + ["--steps", "1"] + flags
+            try:
+                r = subprocess.run(command, capture_output=True, text=True, timeout=60)
+            except subprocess.TimeoutExpired:
+                failures.append(f"{what}: hung (no exit within 60 s): {' '.join(command)}")
+                continue
+            text = r.stdout + r.stderr
+            lines = [line for line in text.splitlines() if fragment in line]
+            status = "ok"
+            if r.returncode == 0:
+                status = "exited 0"
+            elif len(lines) != 1:
+                status = f"the message ({fragment!r}) appeared {len(lines)} times, expected once"
+            elif "MPI_ABORT" in text or "rank 1:" in text:
+                status = "aborted instead of a clean exit on every rank"
+            print(f"{what}: exit {r.returncode}: {lines[0].strip() if lines else '(no message)'}")
+            if status != "ok":
+                failures.append(f"{what}: {status}\n{text[-2000:]}")
+    if failures:
+        print("bad_input: FAILED:\n" + "\n".join(failures))
+        return 1
+    print(f"bad_input: all {len(cases)} cases refused with one message")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+// The pure description of train_gpt's parameters: which rank holds what, and how local parts map
+// to whole tensors (what checkpoints, --init-from and --dump-grads rely on).
+#include <catch2/catch.hpp>
+
+#include <map>
+#include <numeric>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gpt_config.hpp"
+#include "parameters.hpp"
+
+using namespace train_gpt;
+
+namespace {
+gpt_config shape() { return gpt_config{4, 64, 4, 256, 64, 32}; }
+}  // namespace
+
+TEST_CASE("every whole element is held by exactly one tp rank, or by all of them when replicated") {
+  const gpt_config m = shape();
+  for (int tp : {1, 2, 4}) {
+    for (const param_spec& whole_spec : whole_parameters(m)) {
+      const std::size_t n = static_cast<std::size_t>(elements_of(whole_spec.whole));
+      std::vector<int> held(n, 0);
+      std::size_t local_total = 0;
+      for (int r = 0; r < tp; ++r) {
+        model_place at{.tp_rank = r, .tp = tp};
+        auto specs = rank_parameters(m, at);
+        auto it = std::find_if(specs.begin(), specs.end(), [&](const param_spec& p) { return p.name == whole_spec.name; });
+        REQUIRE(it != specs.end());
+        local_total += it->local_elements;
+        for_each_local_run(*it, r, tp, [&](std::size_t w, std::size_t, std::size_t count) {
+          for (std::size_t i = w; i < w + count; ++i) ++held[i];
+        });
+      }
+      const int want = whole_spec.split == tp_split::replicated ? tp : 1;
+      INFO(whole_spec.name << " tp " << tp);
+      CHECK(std::all_of(held.begin(), held.end(), [&](int h) { return h == want; }));
+      CHECK(local_total == n * static_cast<std::size_t>(want));
+    }
+  }
+}
+
+TEST_CASE("tensor parallelism gives each rank the q, k and v columns of its own heads") {
+  const gpt_config m = shape();  // 4 heads of 16
+  const int tp = 2;
+  model_place at{.tp_rank = 1, .tp = tp};
+  auto specs = rank_parameters(m, at);
+  const param_spec& qkv = *std::find_if(specs.begin(), specs.end(), [](const param_spec& p) {
+    return p.name == "h.0.attn.c_attn.weight";
+  });
+  const std::size_t c = 64;
+  std::vector<float> whole(c * 3 * c);
+  std::iota(whole.begin(), whole.end(), 0.0f);  // element value = its whole index
+  std::vector<float> local(qkv.local_elements);
+  cut_local(qkv, 1, tp, whole, local);
+  // Local row 5, local column j: q heads 2-3 are whole columns 32..63, k 96..127, v 160..191.
+  const std::size_t lc = 3 * c / tp;
+  for (std::size_t j = 0; j < lc; ++j) {
+    const std::size_t block = j / (c / tp), offset = j % (c / tp);
+    const std::size_t whole_col = block * c + (c / tp) + offset;
+    REQUIRE(local[5 * lc + j] == whole[5 * 3 * c + whole_col]);
+  }
+  // And back: placing the local part reproduces those elements and nothing else.
+  std::vector<float> rebuilt(whole.size(), -1.0f);
+  place_local(qkv, 1, tp, local, rebuilt);
+  std::size_t placed = 0;
+  for (std::size_t i = 0; i < whole.size(); ++i)
+    if (rebuilt[i] != -1.0f) {
+      ++placed;
+      REQUIRE(rebuilt[i] == whole[i]);
+    }
+  CHECK(placed == qkv.local_elements);
+}
+
+TEST_CASE("pipeline stages and virtual stages hold every layer once; the last stage a copy of the embedding") {
+  const gpt_config m = shape();  // 4 layers
+  for (auto [pp, vp] : std::vector<std::pair<int, int>>{{1, 1}, {2, 1}, {4, 1}, {2, 2}}) {
+    std::map<std::string, int> count;
+    for (int r = 0; r < pp; ++r)
+      for (const param_spec& p : rank_parameters(m, model_place{.pp_rank = r, .pp = pp, .vp = vp})) ++count[p.name];
+    INFO("pp " << pp << " vp " << vp);
+    for (const param_spec& p : whole_parameters(m)) CHECK(count[p.name] == (p.name == "wte.weight" && pp > 1 ? 2 : 1));
+    CHECK(count.size() == whole_parameters(m).size());
+  }
+  // Interleaving: rank 1 of pp 2 with 2 chunks holds layers 1 and 3 (virtual stages 1 and 3).
+  std::set<int> layers;
+  for (const param_spec& p : rank_parameters(m, model_place{.pp_rank = 1, .pp = 2, .vp = 2}))
+    if (p.layer >= 0) layers.insert(p.layer);
+  CHECK(layers == std::set<int>{1, 3});
+  // The last stage registers its embedding copy first (it is final only after the pipeline step).
+  CHECK(rank_parameters(m, model_place{.pp_rank = 1, .pp = 2}).front().name == "wte.weight");
+}
+
+TEST_CASE("shape problems name the flag and the fix") {
+  gpt_config m = shape();
+  CHECK(shape_problems(m, {}).empty());
+  auto has = [](const std::vector<std::string>& p, const std::string& text) {
+    return std::any_of(p.begin(), p.end(), [&](const std::string& s) { return s.find(text) != std::string::npos; });
+  };
+  CHECK(has(shape_problems(m, {.tp = 3}), "--heads 4 is not divisible by --tp 3"));
+  CHECK(has(shape_problems(m, {.pp = 3}), "--layers 4 do not split over --pp 3"));
+  CHECK(has(shape_problems(m, {.cp = 3}), "--cp 3"));
+  CHECK(shape_problems(m, {.tp = 2, .sequence_parallel = true, .micro_batch = 1}).empty());  // 32 tokens over 2
+  m.seq = 20;  // 2 chunks per cp rank: cp 2 gives 10 tokens a rank, which tp 4 cannot slice
+  CHECK(has(shape_problems(m, {.tp = 4, .cp = 2, .sequence_parallel = true, .micro_batch = 1}), "does not divide them"));
+  CHECK(shape_problems(m, {.tp = 4, .cp = 2, .sequence_parallel = true, .micro_batch = 2}).empty());
+  CHECK(has(shape_problems(m, {.cp = 3}), "--seq 20 does not split over --cp 3"));
+  m.seq = 100;
+  CHECK(has(shape_problems(m, {}), "--seq 100 is longer than the model's 64 positions"));
+  CHECK(gpt_config{12, 768, 12, 50257, 1024, 1024}.parameter_count() == 124'439'808);  // GPT-2 small, as published
+}
