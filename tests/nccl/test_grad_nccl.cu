@@ -124,6 +124,13 @@ void check_all(device_sync& sync, cudaStream_t compute, int micro_steps, double 
   }
 }
 
+// Spins about `cycles` GPU clock cycles and touches no memory: keeps a stream busy.
+__global__ void spin(long long cycles) {
+  const long long start = clock64();
+  while (clock64() - start < cycles) {
+  }
+}
+
 // Spins, then writes (offset + j) % 1000 over [offset, offset + count): a slow optimizer step on a shard.
 __global__ void slow_shard_update(float* data, long offset, long count, long long delay) {
   long long start = clock64();
@@ -364,4 +371,28 @@ TEST_CASE("NCCL synchronizer built on another thread: every allocation and event
   for (int d : buffer_devices) CHECK(d == device);
   CHECK(thread_device_after == 0);  // weft restored the thread's own device
   CHECK_FALSE(host.empty());
+}
+
+TEST_CASE("NCCL synchronizer: destroyed right after zero_grad(), its buffer outlives the zeroing queued on a busy stream") {
+  // zero_grad() queues a memset on the compute stream and returns. The buffer is released in its
+  // own stream's order: unless that release waits for the memset, trimming the pool unmaps the
+  // memory while the memset still waits behind the busy stream (an illegal address).
+  nccl_comm& dp = world();
+  stream_holder compute;
+  {
+    device_sync sync(dp, {.bucket_bytes = 64 << 10, .first_bucket_bytes = 16 << 10});
+    sync.set_compute_stream(compute.s);
+    register_all(sync);
+    spin<<<1, 1, 0, compute.s>>>(200'000'000);  // about 0.1 s at 2 GHz
+    cuda_ok(cudaGetLastError());
+    sync.zero_grad();
+  }
+  cudaMemPool_t pool = nullptr;
+  cuda_ok(cudaDeviceGetDefaultMemPool(&pool, dp.native().device()));
+  cuda_ok(cudaMemPoolTrimTo(pool, 0));
+  cuda_ok(cudaStreamSynchronize(compute.s));
+  // The communicator is still usable afterwards (its device had no fault).
+  weft_test::device_array<float> x(std::vector<float>(8, 1.0f));
+  dp.all_reduce(x.span());
+  CHECK(x.download()[7] == static_cast<float>(dp.size()));
 }

@@ -461,6 +461,18 @@ TEST_CASE("NCCL: destroying a communicator waits for its pending work", "[nccl][
   CHECK(x.download().back() == 0.5 * p);
 }
 
+// NCCL connects two peers on their first exchange, on the host (in ncclGroupEnd, which weft polls
+// under the deadline): ranks 0 and 1 exchange once first, so that an unmatched receive posted
+// afterwards is enqueued and then stuck on the GPU. Without it, the receive's own connection
+// setup waits for the peer and times out inside run_async(), before any request exists.
+namespace {
+void connect_ranks_0_and_1(nccl_comm& c, device_array<float>& scratch) {
+  if (c.size() < 2 || c.rank() > 1) return;
+  device_array<float> out(std::vector<float>(scratch.size(), 1.0f));
+  c.batch().send(out.span(), 1 - c.rank()).recv(scratch.span(), 1 - c.rank()).run();
+}
+}  // namespace
+
 TEST_CASE("NCCL abort: a stuck operation ends, its request throws, the communicator is unusable",
           "[nccl][gpu]") {
   auto& comm = world();
@@ -468,12 +480,7 @@ TEST_CASE("NCCL abort: a stuck operation ends, its request throws, the communica
   auto doomed = comm.split(0, comm.rank(), "doomed");
   REQUIRE(doomed.has_value());
   device_array<float> buffer(16);
-  if (p > 1 && comm.rank() < 2) {
-    // NCCL connects peers on their first exchange, on the host: connect ranks 0 and 1 first, so
-    // that the unmatched receive below is enqueued and then stuck on the GPU, not on the host.
-    device_array<float> out(std::vector<float>(16, 1.0f));
-    doomed->batch().send(out.span(), 1 - comm.rank()).recv(buffer.span(), 1 - comm.rank()).run();
-  }
+  connect_ranks_0_and_1(*doomed, buffer);
   if (p > 1 && comm.rank() == 0) {
     // A receive nobody will match: it never completes by itself.
     auto stuck = doomed->batch().recv(buffer.span(), 1).run_async();
@@ -525,6 +532,7 @@ TEST_CASE("NCCL timeout: dropping a stuck request (a destructor, unwinding) does
   auto doomed = comm.split(0, comm.rank(), "dropped");
   REQUIRE(doomed.has_value());
   device_array<float> buffer(16);
+  connect_ranks_0_and_1(*doomed, buffer);
   if (p > 1 && comm.rank() == 0) {
     doomed->native().set_timeout(std::chrono::milliseconds(300));
     const auto start = std::chrono::steady_clock::now();
@@ -542,6 +550,7 @@ TEST_CASE("NCCL timeout: dropping a stuck request (a destructor, unwinding) does
     // Destroying a communicator whose work never completes: bounded by the deadline too.
     auto gone = comm.split(0, comm.rank(), "destroyed_stuck");
     REQUIRE(gone.has_value());
+    connect_ranks_0_and_1(*gone, buffer);
     if (p > 1 && comm.rank() == 0) {
       gone->native().set_timeout(std::chrono::milliseconds(300));
       auto stuck = gone->batch().recv(buffer.span(), 1).run_async();
@@ -562,6 +571,7 @@ TEST_CASE("NCCL abort from a watchdog thread while the owner waits", "[nccl][gpu
   auto doomed = comm.split(0, comm.rank(), "watched");
   REQUIRE(doomed.has_value());
   device_array<float> buffer(16);
+  connect_ranks_0_and_1(*doomed, buffer);
   if (p > 1 && comm.rank() == 0) {
     doomed->native().set_timeout(std::chrono::milliseconds(0));  // only the watchdog ends the wait
     auto stuck = doomed->batch().recv(buffer.span(), 1).run_async();

@@ -1,6 +1,7 @@
 // The NCCL backend's decisions that need no GPU (and no NCCL): the deadline from the environment,
 // which scaling factors may be folded into a reduction of which element type, and the messages
-// for a timed-out operation and for two ranks on one GPU.
+// for a timed-out operation and for two ranks on one GPU; the elements an older NCCL leaves
+// unwritten in a one-rank scaled reduction.
 #include <catch2/catch.hpp>
 
 #include <weft/backend/nccl/detail/policy.hpp>
@@ -103,4 +104,27 @@ TEST_CASE("the timeout message names rank, host, group, operation and the wait",
   CHECK_THAT(message, Contains("WEFT_COMM_TIMEOUT") && Contains("aborted"));
   site.group.clear();
   CHECK_THAT(timeout_message(site, "x", milliseconds(0), milliseconds(0)), Contains("unnamed group"));
+}
+
+TEST_CASE("one-rank scaled reductions: the elements NCCL before 2.29.7 leaves unwritten", "[nccl][policy]") {
+  // By hand from the kernel's split: 4099 doubles make 3 blocks of alignUp(1366, 2) = 1366, which
+  // stop at 4098 (the element a one-rank avg of double left at 0 on an H200 with NCCL 2.28.9).
+  CHECK(one_rank_scaled_written(4099, 8, 22809) == 4098);
+  // 4099 floats: 2 blocks of alignUp(2049, 4) = 2052 cover all of them.
+  CHECK(one_rank_scaled_written(4099, 4, 22809) == 4099);
+  // 24577 halves: 4 blocks of alignUp(6144, 8) = 6144 stop at 24576.
+  CHECK(one_rank_scaled_written(24577, 2, 22809) == 24576);
+  // Fixed in 2.29.7; one block covers every short call.
+  CHECK(one_rank_scaled_written(4099, 8, nccl_one_rank_tail_fixed) == 4099);
+  CHECK(one_rank_scaled_written(1, 8, 22809) == 1);
+  CHECK(one_rank_scaled_written(0, 8, 22809) == 0);
+  // The backend reduces the missed tail with one more call: that call writes all of it.
+  for (std::size_t size : {2u, 4u, 8u})
+    for (std::size_t n = 1; n < 600000; n += 97) {
+      const std::size_t first = one_rank_scaled_written(n, size, 22809);
+      INFO("n " << n << " element size " << size);
+      REQUIRE(first <= n);
+      REQUIRE(first > 0);
+      REQUIRE(one_rank_scaled_written(n - first, size, 22809) == n - first);
+    }
 }

@@ -21,8 +21,6 @@
 #if WEFT_HAS_CUDA
 #include <cuda_runtime_api.h>
 
-#include <weft/backend/cuda/check.hpp>
-#include <weft/backend/cuda/device_guard.hpp>
 #include <weft/backend/cuda/device_memory.hpp>
 #endif
 
@@ -63,12 +61,9 @@ class buffer_storage<T, memory_space::device> {
   T* data() noexcept { return static_cast<T*>(memory_.data()); }
   const T* data() const noexcept { return static_cast<const T*>(memory_.data()); }
   int device() const noexcept { return memory_.device(); }
-  /// Zeroes the elements in `stream`'s order (all-zero bits are 0 in every floating-point type).
-  void zero(cudaStream_t stream) {
-    if (memory_.bytes() == 0) return;
-    cuda::device_guard on(memory_.device());
-    WEFT_CHECK_CUDA(cudaMemsetAsync(memory_.data(), 0, memory_.bytes(), stream));
-  }
+  /// Zeroes the elements in `stream`'s order (all-zero bits are 0 in every floating-point type);
+  /// the buffer's release waits for it.
+  void zero(cudaStream_t stream) { memory_.zero_async(stream); }
   void upload(const void* host, std::size_t bytes) { memory_.copy_from_host(host, bytes); }
   void download(void* host, std::size_t bytes) const { memory_.copy_to_host(host, bytes); }
 

@@ -22,7 +22,9 @@
 /// before the action computes, so their transfers overlap it. Sends are posted as soon as the
 /// output exists and completed in the background; the step ends when all have. With this, an
 /// action waits for exactly what the verifier's simulation makes it wait for (its inputs), so a
-/// table `verify` accepts cannot deadlock here.
+/// table `verify` accepts cannot deadlock here. On NCCL every point-to-point call runs in call
+/// order on the communicator's stream, so only the current action's receives are posted there
+/// (prefetch 0): a receive posted ahead would hold back this stage's later sends.
 ///
 /// Buffers: host memory owned by the executor, or memory from `executor_options::allocate` (device
 /// memory for NCCL: the caller's), pooled and reused across actions and steps.
@@ -79,8 +81,11 @@ struct executor_options {
   std::size_t elements = 0;
   /// Transformer layers of the model, checked to split over stages x chunks; 0: not checked.
   int layers = 0;
-  /// How many actions ahead receives are posted (0: only the current action's input).
-  int prefetch = 1;
+  /// How many actions ahead receives are posted (0: only the current action's input). Negative: the
+  /// backend's default, 1 with host buffers (MPI) and 0 with device buffers (NCCL), where every
+  /// point-to-point call queues on the communicator's stream in call order, so a receive posted
+  /// ahead would sit before this stage's later sends (refused there, see executor_problems).
+  int prefetch = -1;
   /// Memory for one buffer of `elements` elements, owned by the caller and valid as long as the
   /// executor (device memory for NCCL). Empty: the executor allocates host memory.
   std::function<std::span<T>(std::size_t elements)> allocate{};
@@ -111,6 +116,7 @@ enum executor_field : std::size_t {
   field_dtype,
   field_callbacks,
   field_layers,
+  field_prefetch,
   executor_fields
 };
 
@@ -125,8 +131,9 @@ inline std::string describe_table(const std::int64_t* f) {
 
 /// Every reason to refuse, from what all ranks contributed (`all`: executor_fields per rank, in
 /// group order) and this rank's copy of the table: a pure function, so every rank finds the same.
+/// `stream_ordered`: the backend runs point-to-point calls in call order on one stream (NCCL).
 inline std::vector<std::string> executor_problems(const schedule& s, std::span<const std::int64_t> all,
-                                                  const std::string& group) {
+                                                  const std::string& group, bool stream_ordered = false) {
   std::vector<std::string> problems;
   const std::size_t ranks = all.size() / executor_fields;
   auto rec = [&](std::size_t r) { return all.data() + r * executor_fields; };
@@ -190,6 +197,15 @@ inline std::vector<std::string> executor_problems(const schedule& s, std::span<c
   }
 
   for (std::size_t r = 0; r < ranks; ++r) {
+    if (stream_ordered && rec(r)[field_prefetch] > 0)
+      problems.push_back("stage " + std::to_string(r) + " posts receives " + std::to_string(rec(r)[field_prefetch]) +
+                         " action(s) ahead (prefetch), but on this backend every point-to-point call runs in call "
+                         "order on the communicator's stream: a receive posted ahead holds back this stage's later "
+                         "sends, and deadlocks when its sender first waits for one of them (gpipe on 2 stages "
+                         "already does). Use prefetch = 0 (the default here)");
+  }
+
+  for (std::size_t r = 0; r < ranks; ++r) {
     const std::int64_t have = rec(r)[field_callbacks];
     std::string missing;
     if ((have & has_forward) == 0) missing += "forward";
@@ -208,6 +224,9 @@ inline std::vector<std::string> executor_problems(const schedule& s, std::span<c
 
 template <backend B, element T>
 class executor {
+  /// NCCL: point-to-point calls run in call order on the communicator's stream.
+  static constexpr bool stream_ordered = buffer_memory_v<B> == memory_space::device;
+
  public:
   using request = typename B::request;
 
@@ -216,6 +235,7 @@ class executor {
   /// corrupt. `pp` must outlive the executor (it is held by reference and followed through moves).
   executor(communicator<B>& pp, schedule table, stage_callbacks<T> callbacks, executor_options<T> options)
       : pp_(pp.ref()), table_(std::move(table)), callbacks_(std::move(callbacks)), options_(std::move(options)) {
+    prefetch_ = options_.prefetch >= 0 ? options_.prefetch : (stream_ordered ? 0 : 1);
     agree(pp);
     rank_ = pp.rank();
     plan_ = detail::plan_exchange(table_, rank_);
@@ -228,7 +248,7 @@ class executor {
     // The inputs held until their backward, plus the receives posted ahead and the sends in flight.
     const verify_report report = verify(table_);
     const int held = report.peak_in_flight.empty() ? 1 : report.peak_in_flight[static_cast<std::size_t>(rank_)];
-    for (int i = 0; i < held + 2 * (std::max(options_.prefetch, 0) + 1); ++i) allocate_buffer_index();
+    for (int i = 0; i < held + 2 * (prefetch_ + 1); ++i) allocate_buffer_index();
   }
 
   executor(const executor&) = delete;
@@ -250,7 +270,7 @@ class executor {
     const int last = table_.chunks_total() - 1;
     for (std::size_t i = 0; i < list.size(); ++i) {
       recycle_sends();
-      const std::size_t ahead = std::min(list.size() - 1, i + static_cast<std::size_t>(std::max(options_.prefetch, 0)));
+      const std::size_t ahead = std::min(list.size() - 1, i + static_cast<std::size_t>(prefetch_));
       for (std::size_t j = i; j <= ahead; ++j) post_through(comm, j);
       const action& a = list[i];
       const int k = table_.virtual_stage(rank_, a.chunk);
@@ -334,9 +354,10 @@ class executor {
                                     (callbacks_.backward ? detail::has_backward : 0) |
                                     (callbacks_.weight ? detail::has_weight : 0);
     mine[detail::field_layers] = options_.layers;
+    mine[detail::field_prefetch] = prefetch_;
     std::vector<std::int64_t> all(detail::executor_fields * static_cast<std::size_t>(pp.size()));
     pp.native().host_all_gather(std::span<const std::int64_t>(mine), all);
-    const std::vector<std::string> problems = detail::executor_problems(table_, all, pp.name());
+    const std::vector<std::string> problems = detail::executor_problems(table_, all, pp.name(), stream_ordered);
     if (problems.empty()) return;
     std::string message = "pipeline executor on group '" + pp.name() + "' (stage " + std::to_string(pp.rank()) + " of " +
                           std::to_string(pp.size()) + ") refused its configuration before sending anything: " +
@@ -429,6 +450,7 @@ class executor {
   schedule table_;
   stage_callbacks<T> callbacks_;
   executor_options<T> options_;
+  int prefetch_ = 0;  ///< receives posted ahead, in actions (options_.prefetch resolved)
   int rank_ = 0;
   detail::exchange_plan plan_;
   std::vector<std::unique_ptr<T[]>> owned_;

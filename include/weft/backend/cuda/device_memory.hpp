@@ -8,6 +8,11 @@
 /// and its blocking copies and its release go through that stream. So nothing here waits on the
 /// whole device: cudaFree and cudaDeviceSynchronize would wait for every kernel of the GPU,
 /// including an NCCL kernel stuck on a lost peer, forever and without a deadline.
+///
+/// Work the buffer queues on another stream itself (`zero_async`) is remembered, and the release
+/// is ordered after it: released in the private stream's order alone, the memory could go back
+/// to CUDA's pool (and be unmapped, or handed to another allocation) before that work ran, which
+/// then writes to freed memory (an illegal address on an H200 when two ranks time-share the GPU).
 
 #include <weft/config.hpp>
 
@@ -17,9 +22,11 @@
 
 #include <cstddef>
 #include <utility>
+#include <vector>
 
 #include <weft/backend/cuda/check.hpp>
 #include <weft/backend/cuda/device_guard.hpp>
+#include <weft/backend/cuda/event.hpp>
 #include <weft/backend/cuda/stream.hpp>
 
 namespace weft::cuda {
@@ -43,7 +50,8 @@ class device_memory {
       : data_(std::exchange(other.data_, nullptr)),
         bytes_(std::exchange(other.bytes_, 0)),
         device_(std::exchange(other.device_, -1)),
-        stream_(std::move(other.stream_)) {}
+        stream_(std::move(other.stream_)),
+        uses_(std::move(other.uses_)) {}
   device_memory& operator=(device_memory&& other) noexcept {
     if (this != &other) {
       reset();
@@ -51,6 +59,7 @@ class device_memory {
       bytes_ = std::exchange(other.bytes_, 0);
       device_ = std::exchange(other.device_, -1);
       stream_ = std::move(other.stream_);
+      uses_ = std::move(other.uses_);
     }
     return *this;
   }
@@ -71,6 +80,29 @@ class device_memory {
     device_guard on(device_);
     WEFT_CHECK_CUDA(cudaMemsetAsync(data_, 0, bytes_, stream_.native()));
     synchronize_own();
+  }
+
+  /// Sets every byte to zero in `stream`'s order, without waiting; the release waits for it.
+  void zero_async(cudaStream_t stream) {
+    if (bytes_ == 0) return;
+    device_guard on(device_);
+    WEFT_CHECK_CUDA(cudaMemsetAsync(data_, 0, bytes_, stream));
+    release_after(stream);
+  }
+
+  /// Orders the release after the work queued on `stream` so far (one event per stream, moved
+  /// along by later calls). The blocking copies do not wait for it.
+  void release_after(cudaStream_t stream) {
+    if (bytes_ == 0) return;
+    device_guard on(device_);
+    for (use& u : uses_)
+      if (u.stream == stream) {
+        u.queued.record(stream);
+        return;
+      }
+    use u{stream, event::create()};
+    u.queued.record(stream);
+    uses_.push_back(std::move(u));
   }
 
   /// Copies `bytes` from the host into the memory; complete when it returns. Not ordered after
@@ -96,7 +128,11 @@ class device_memory {
   void synchronize_own() const { stream_.synchronize(); }
 
   void reset() noexcept {
-    if (data_ != nullptr) cudaFreeAsync(data_, stream_.native());
+    if (data_ != nullptr) {
+      for (const use& u : uses_) cudaStreamWaitEvent(stream_.native(), u.queued.native(), 0);
+      cudaFreeAsync(data_, stream_.native());
+    }
+    uses_.clear();  // an event waited on is kept by CUDA until the wait is over
     stream_ = stream();  // destroying a stream does not wait for it
     data_ = nullptr;
     bytes_ = 0;
@@ -106,6 +142,12 @@ class device_memory {
   std::size_t bytes_ = 0;
   int device_ = -1;
   stream stream_;
+  /// Other streams that queued work on the memory through this object, each with an event after it.
+  struct use {
+    cudaStream_t stream = nullptr;
+    event queued;
+  };
+  std::vector<use> uses_;
 };
 
 }  // namespace weft::cuda

@@ -28,6 +28,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -39,6 +40,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 
 #include <weft/backend/backend.hpp>
@@ -97,6 +99,15 @@ inline std::string init_failure_context(int ranks, int rank, ncclResult_t result
   return joining + " on CUDA device " + std::to_string(device) + " of " + std::to_string(count) +
          ": every rank must pass the same unique id and rank count, and use a GPU of its own "
          "(NCCL_DEBUG=WARN shows NCCL's view)";
+}
+
+/// The loaded NCCL's version code (ncclGetVersion: 22809 for 2.28.9).
+inline int runtime_version() {
+  static const int version = [] {
+    int v = 0;
+    return ncclGetVersion(&v) == ncclSuccess ? v : 0;
+  }();
+  return version;
 }
 
 /// NCCL's last error text ("" when none).
@@ -255,6 +266,10 @@ struct nccl_backend {
     request all_reduce(const void* send, void* recv, std::size_t n, dtype t, reduce_op op, completion how) {
       auto use = enter("all_reduce");
       WEFT_NCCL_ENQUEUE(use, ncclAllReduce(send, recv, n, nccl_type(t), nccl_op(op), use.handle(), stream_));
+      reduce_one_rank_tail(use, "all_reduce", n, t, op == reduce_op::avg, [&](std::size_t at, std::size_t count) {
+        WEFT_NCCL_ENQUEUE(use, ncclAllReduce(element(send, at, t), element(recv, at, t), count, nccl_type(t),
+                                             nccl_op(op), use.handle(), stream_));
+      });
       return finish(use, "all_reduce", how);
     }
 
@@ -262,6 +277,10 @@ struct nccl_backend {
     request reduce(const void* send, void* recv, std::size_t n, dtype t, reduce_op op, int root, completion how) {
       auto use = enter("reduce");
       WEFT_NCCL_ENQUEUE(use, ncclReduce(send, recv, n, nccl_type(t), nccl_op(op), root, use.handle(), stream_));
+      reduce_one_rank_tail(use, "reduce", n, t, op == reduce_op::avg, [&](std::size_t at, std::size_t count) {
+        WEFT_NCCL_ENQUEUE(use, ncclReduce(element(send, at, t), element(recv, at, t), count, nccl_type(t), nccl_op(op),
+                                          root, use.handle(), stream_));
+      });
       return finish(use, "reduce", how);
     }
 
@@ -284,6 +303,10 @@ struct nccl_backend {
     request reduce_scatter(const void* send, void* recv, std::size_t n, dtype t, reduce_op op, completion how) {
       auto use = enter("reduce_scatter");
       WEFT_NCCL_ENQUEUE(use, ncclReduceScatter(send, recv, n, nccl_type(t), nccl_op(op), use.handle(), stream_));
+      reduce_one_rank_tail(use, "reduce_scatter", n, t, op == reduce_op::avg, [&](std::size_t at, std::size_t count) {
+        WEFT_NCCL_ENQUEUE(use, ncclReduceScatter(element(send, at, t), element(recv, at, t), count, nccl_type(t),
+                                                 nccl_op(op), use.handle(), stream_));
+      });
       return finish(use, "reduce_scatter", how);
     }
 
@@ -295,6 +318,10 @@ struct nccl_backend {
       auto use = enter("all_reduce_scaled");
       detail::nccl::premul_sum op(factor, t, *state_);
       WEFT_NCCL_ENQUEUE(use, ncclAllReduce(send, recv, n, nccl_type(t), op.op(), use.handle(), stream_));
+      reduce_one_rank_tail(use, "all_reduce_scaled", n, t, true, [&](std::size_t at, std::size_t count) {
+        WEFT_NCCL_ENQUEUE(use, ncclAllReduce(element(send, at, t), element(recv, at, t), count, nccl_type(t), op.op(),
+                                             use.handle(), stream_));
+      });
       use.settle("all_reduce_scaled");
       return finish(use, "all_reduce_scaled", how);
     }
@@ -305,6 +332,10 @@ struct nccl_backend {
       auto use = enter("reduce_scatter_scaled");
       detail::nccl::premul_sum op(factor, t, *state_);
       WEFT_NCCL_ENQUEUE(use, ncclReduceScatter(send, recv, n, nccl_type(t), op.op(), use.handle(), stream_));
+      reduce_one_rank_tail(use, "reduce_scatter_scaled", n, t, true, [&](std::size_t at, std::size_t count) {
+        WEFT_NCCL_ENQUEUE(use, ncclReduceScatter(element(send, at, t), element(recv, at, t), count, nccl_type(t),
+                                                 op.op(), use.handle(), stream_));
+      });
       use.settle("reduce_scatter_scaled");
       return finish(use, "reduce_scatter_scaled", how);
     }
@@ -394,17 +425,28 @@ struct nccl_backend {
       state->timeout = state_->timeout;
       ncclConfig_t config = detail::nccl::nonblocking_config(state->config_name);
       ncclComm_t child = nullptr;
+      // NCCL writes `child` from its own thread once the child is made; read it only after that.
+      auto made = [&child] { return std::atomic_ref<ncclComm_t>(child).load(std::memory_order_acquire); };
       WEFT_NCCL_ENQUEUE(use, ncclCommSplit(use.handle(), color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config));
-      // Owned from here, so a failed or timed-out split does not leak the half-made child.
-      if (child != nullptr) state->handle.store(child, std::memory_order_release);
+      // On a non-blocking parent, ncclCommSplit returns ncclSuccess (not ncclInProgress) while the
+      // child is still being made (NCCL 2.28): wait for the parent in every case, or `child` is
+      // still null here and the parent's next call fails ("Attempt to use communicator before the
+      // previous operation returned ncclSuccess").
+      use.note(ncclInProgress);
       try {
         use.settle("split");
       } catch (...) {
-        state->abort();
+        // A timeout aborted the parent, which ends NCCL's thread: a half-made child is ours to free.
+        if (ncclComm_t half_made = made(); half_made != nullptr) {
+          state->handle.store(half_made, std::memory_order_release);
+          state->abort();
+        }
         throw;
       }
       use.unlock();
+      child = made();
       if (child == nullptr) return comm();
+      state->handle.store(child, std::memory_order_release);
       ncclResult_t result = detail::nccl::settle_creation(*state, ncclInProgress, "splitting the communicator");
       if (result != ncclSuccess) {
         const std::string text = detail::nccl::last_error_text(child);
@@ -554,6 +596,29 @@ struct nccl_backend {
         throw;
       }
       return result;
+    }
+
+    /// `p` advanced by `i` elements of `t` (null stays null: a non-root's reduce output).
+    template <class P>
+    static P* element(P* p, std::size_t i, dtype t) noexcept {
+      using byte = std::conditional_t<std::is_const_v<P>, const char, char>;
+      return p == nullptr ? p : reinterpret_cast<P*>(reinterpret_cast<byte*>(p) + i * size_of(t));
+    }
+
+    /// On a communicator of one rank, NCCL before 2.29.7 leaves the last elements of a scaled
+    /// reduction (`scaled`: avg or a pre-multiplied sum) of a floating type unwritten (see
+    /// one_rank_scaled_written): `call_on(at, count)` reduces them with another call.
+    template <class Call>
+    void reduce_one_rank_tail(use_scope& use, const char* operation, std::size_t n, dtype t, bool scaled,
+                              Call&& call_on) {
+      if (size_ != 1 || !scaled || !is_floating(t)) return;
+      const int version = detail::nccl::runtime_version();
+      std::size_t done = detail::nccl::one_rank_scaled_written(n, size_of(t), version);
+      while (done < n) {
+        use.settle(operation);  // a non-blocking communicator takes the next call once the last is carried out
+        call_on(done, n - done);
+        done += detail::nccl::one_rank_scaled_written(n - done, size_of(t), version);
+      }
     }
 
     [[noreturn]] static void refuse_unpaired(const char* operation) {

@@ -152,6 +152,29 @@ inline std::string unfoldable_factor_message(double factor, dtype type, const sc
          "sum and apply the factor in float yourself (scaling::sum, then multiply in the optimizer step)";
 }
 
+// ---- one-rank scaled reductions -----------------------------------------------------------
+
+/// The first NCCL release (2.29.7, as ncclGetVersion's code) that writes every element of a
+/// one-rank scaled reduction.
+inline constexpr int nccl_one_rank_tail_fixed = 22907;
+
+/// How many of `n` elements NCCL writes when a communicator of one rank reduces with a scaling
+/// operator (avg or a pre-multiplied sum of a floating type), given ncclGetVersion's code. Before
+/// 2.29.7 its kernel gives each of min(32, ceil(n·size / 16 KiB)) blocks alignUp(n / blocks,
+/// 16 / size) elements, counted from the start, and when those add up to fewer than n the last
+/// ones are left unwritten (4099 doubles in 3 blocks of 1366: element 4098). From 2.29.7 it writes
+/// all n. Pure, so the backend can reduce the missed tail with a call of its own.
+constexpr std::size_t one_rank_scaled_written(std::size_t n, std::size_t element_size, int nccl_version) noexcept {
+  if (nccl_version >= nccl_one_rank_tail_fixed || n == 0 || element_size == 0 || element_size > 16) return n;
+  const std::size_t per_pack = 16 / element_size;
+  const std::size_t bytes = n * element_size;
+  std::size_t blocks = (bytes + (16u << 10) - 1) / (16u << 10);
+  if (blocks > 32) blocks = 32;
+  const std::size_t per_block = (n / blocks + per_pack - 1) / per_pack * per_pack;
+  const std::size_t written = blocks * per_block;
+  return written < n ? written : n;
+}
+
 // ---- two ranks on one GPU --------------------------------------------------------------------
 
 /// Whether NCCL's error text is its duplicate-GPU check (two ranks of a communicator on one GPU).
