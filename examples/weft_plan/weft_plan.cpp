@@ -12,10 +12,14 @@
 #include <vector>
 
 #include <weft/core/error.hpp>
+#include <weft/tune/hardware_file.hpp>
 #include <weft/tune/published_runs.hpp>
 #include <weft/tune/report.hpp>
 
 #include "command_line.hpp"
+#if WEFT_PLAN_HAS_PROBE
+#include "probe.hpp"
+#endif
 
 namespace {
 
@@ -32,6 +36,7 @@ cluster: --gpu NAME (A100-40GB, A100-80GB, H100, H200, B200, L40S) --gpus N [--g
          or --cluster small|large --gpus N (the reference clusters: 4 x A100 80GB nodes with
          200 Gb/s per node, or 8 x H100 nodes with 400 Gb/s per GPU; --gpu is then optional)
          [--nvlink-gbytes X] [--network-gbits X] [--oversubscription X]
+         or --hardware FILE [--gpus N]: a description written by --probe (N defaults to its ranks)
 job:     --global-batch B (sequences) | --global-batch-tokens T; [--tokens T] [--price P per GPU-hour]
          [--fp8]   numbers accept K, M, B/G, T suffixes (1T = 1e12)
 layout (evaluate instead of search; unset fields are searched):
@@ -42,6 +47,8 @@ options: --top K (5) --explain --json --uneven-stages
          --max-sharding none|optimizer|gradients|full
          --claim-days D   check a claimed training time for --tokens: implied MFU and the model's days
          --validate CSV   compare the model with published runs (docs/tuning.md)
+         --probe FILE     measure the ranks this runs on (under mpiexec / srun, with the model's
+                          flags: GEMMs at its shapes) and write the description --hardware reads
 exit status: 0 ok, 2 bad input or invalid layout, 3 nothing fits in memory
 )";
 
@@ -76,7 +83,7 @@ arguments parse(int argc, char** argv) {
       "--model", "--cluster", "--layers", "--hidden", "--heads", "--kv-heads", "--ffn", "--seq", "--vocab", "--params", "--gpu",
       "--gpus", "--gpus-per-node", "--nvlink-gbytes", "--network-gbits", "--oversubscription", "--global-batch",
       "--global-batch-tokens", "--tokens", "--price", "--tp", "--pp", "--dp", "--cp", "--vp", "--micro-batch",
-      "--recompute", "--sharding", "--top", "--claim-days", "--validate", "--max-sharding"};
+      "--recompute", "--sharding", "--top", "--claim-days", "--validate", "--max-sharding", "--probe", "--hardware"};
   static const std::vector<std::string_view> switches = {
       "--swiglu", "--tied-embeddings", "--dropout", "--fp8", "--explain", "--json", "--uneven-stages", "--no-flash",
       "--no-sequence-parallel", "--no-interleaving", "--no-context-parallel", "--no-overlap", "--help", "-h"};
@@ -123,7 +130,29 @@ model_desc read_model(const arguments& a) {
   return m;
 }
 
-cluster_desc read_cluster(const arguments& a) {
+/// The measured hardware of --hardware FILE, once read.
+std::optional<measured_hardware> read_measured(const arguments& a) {
+  if (!a.has("--hardware")) return std::nullopt;
+  if (a.has("--gpu") || a.has("--cluster")) bad_input("--hardware replaces --gpu and --cluster: give one of them");
+  try {
+    return read_hardware(a.get("--hardware"));
+  } catch (const weft::error& e) {
+    bad_input(e.what());
+  }
+}
+
+cluster_desc read_cluster(const arguments& a, const std::optional<measured_hardware>& measured) {
+  if (measured) {
+    cluster_desc c = cluster_of(*measured);
+    if (a.has("--gpus")) {
+      const int ranks = parse_count("--gpus", a.get("--gpus"));
+      if (ranks % c.node.gpus_per_node != 0)
+        bad_input("--gpus " + std::to_string(ranks) + " is not a whole number of the description's nodes of " +
+                  std::to_string(c.node.gpus_per_node) + " ranks");
+      c.nodes = ranks / c.node.gpus_per_node;
+    }
+    return c;
+  }
   cluster_desc c;
   if (a.has("--cluster")) {
     if (a.get("--cluster") == "small") c = small_reference_cluster(1);
@@ -229,7 +258,7 @@ std::string nearest_alternative(const model_desc& m, const cluster_desc& c, cons
 void check_given_layout(const model_desc& m, const cluster_desc& c, const job_desc& j, const search_options& o) {
   const layout_constraint& f = o.fixed;
   const int gpus = gpu_count(c);
-  auto divides_heads = [&](int tp) { return m.heads % tp == 0 && kv_heads_of(m) % tp == 0; };
+  auto divides_heads = [&](int tp) { return weft::layout::tp_splits_heads(m.heads, kv_heads_of(m), tp); };
   if (f.tp && (!divides_heads(f.tp) || f.tp > c.node.gpus_per_node)) {
     int lower = f.tp, higher = f.tp;
     while (lower > 1 && !(divides_heads(lower) && c.node.gpus_per_node % lower == 0)) --lower;
@@ -243,7 +272,7 @@ void check_given_layout(const model_desc& m, const cluster_desc& c, const job_de
     if (higher <= c.node.gpus_per_node && higher != lower) hint += " or " + std::to_string(higher);
     bad_input("invalid layout: " + reason + "; " + hint);
   }
-  if (f.tp && f.pp && f.dp && gpus_of(layout{.tp = f.tp, .cp = f.cp ? f.cp : 1, .pp = f.pp, .dp = f.dp}) != gpus) {
+  if (f.tp && f.pp && f.dp && f.tp * (f.cp ? f.cp : 1) * f.pp * f.dp != gpus) {
     const int known = f.tp * (f.cp ? f.cp : 1) * f.pp;
     std::string hint = gpus % known == 0 ? "; with these tp, cp and pp use --dp " + std::to_string(gpus / known)
                                          : "; " + nearest_alternative(m, c, j, o);
@@ -252,8 +281,9 @@ void check_given_layout(const model_desc& m, const cluster_desc& c, const job_de
   }
   // Everything given: use the cost model's own rules for the precise reason.
   if (f.tp && f.pp && f.dp) {
-    layout l{.tp = f.tp, .cp = f.cp ? f.cp : 1, .pp = f.pp, .dp = f.dp, .vp = f.vp ? f.vp : 1,
-             .micro_batch = f.micro_batch ? f.micro_batch : 1};
+    layout_choice l{.parallel = {.world_size = gpus, .tp = f.tp, .cp = f.cp ? f.cp : 1, .pp = f.pp, .dp = f.dp,
+                                 .virtual_stages = f.vp ? f.vp : 1},
+                    .micro_batch = f.micro_batch ? f.micro_batch : 1};
     if (std::string problem = layout_problem(m, c, j, l, o.allow_uneven_stages); !problem.empty())
       bad_input("invalid layout: " + problem + "; " + nearest_alternative(m, c, j, o));
   }
@@ -267,14 +297,22 @@ int validate(const std::string& path) {
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   double sum = 0, worst = 0;
   int tp = 0, pp = 0, not_worse = 0;
+  int checked = 0;
   for (const published_run& r : runs) {
-    const run_check c = check_run(r);
-    const layout& p = c.published.config;
-    const layout& q = c.chosen.config;
+    run_check c;
+    try {
+      c = check_run(r);
+    } catch (const weft::error& e) {  // reported, and left out of the totals
+      std::printf("| %s | %s | %d | %s |\n", r.source.c_str(), r.name.c_str(), r.gpus, e.what());
+      continue;
+    }
+    ++checked;
+    const layout_choice& p = c.published.config;
+    const layout_choice& q = c.chosen.config;
     std::printf("| %s | %s | %d | %d/%d/%d (%d, %d, %s) | %.1f %% | %.1f %% | %+.1f %% | %d/%d/%d/%d vp%d mb%d %s %s | %s | %s | %.2f | %.3f |\n",
-                r.source.c_str(), r.name.c_str(), r.gpus, p.tp, p.pp, p.dp, p.vp, p.micro_batch,
+                r.source.c_str(), r.name.c_str(), r.gpus, p.parallel.tp, p.parallel.pp, p.parallel.dp, p.parallel.virtual_stages, p.micro_batch,
                 std::string(to_string(p.recompute_mode)).c_str(), 100 * r.published_mfu, 100 * c.predicted_mfu,
-                100 * c.error, q.tp, q.cp, q.pp, q.dp, q.vp, q.micro_batch,
+                100 * c.error, q.parallel.tp, q.parallel.cp, q.parallel.pp, q.parallel.dp, q.parallel.virtual_stages, q.micro_batch,
                 std::string(to_string(q.recompute_mode)).c_str(), std::string(to_string(q.sharding_mode)).c_str(),
                 c.same_tp ? "yes" : "no", c.pp_within_2 ? "yes" : "no",
                 c.chosen.tokens_per_s / c.published.tokens_per_s, c.chosen.tokens_per_s / c.with_published_tp.tokens_per_s);
@@ -284,10 +322,13 @@ int validate(const std::string& path) {
     pp += c.pp_within_2;
     not_worse += c.not_worse;
   }
-  const double n = static_cast<double>(runs.size());
-  std::printf("\nruns %zu: mean |error| %.1f %%, max |error| %.1f %%; same TP %d (%.0f %%), PP within 2x %d (%.0f %%), "
+  const double n = static_cast<double>(checked);
+  if (checked < static_cast<int>(runs.size()))
+    std::printf("\n%zu of %zu runs could not be checked (above); the totals are over the other %d\n",
+                runs.size() - static_cast<std::size_t>(checked), runs.size(), checked);
+  std::printf("\nruns %d: mean |error| %.1f %%, max |error| %.1f %%; same TP %d (%.0f %%), PP within 2x %d (%.0f %%), "
               "chosen not slower %d (%.0f %%)\n",
-              runs.size(), 100 * sum / n, 100 * worst, tp, 100 * tp / n, pp, 100 * pp / n, not_worse, 100 * not_worse / n);
+              checked, 100 * sum / n, 100 * worst, tp, 100 * tp / n, pp, 100 * pp / n, not_worse, 100 * not_worse / n);
   return 0;
 }
 
@@ -302,9 +343,18 @@ int main(int argc, char** argv) {
     }
     if (a.has("--validate")) return validate(a.get("--validate"));
     const model_desc model = read_model(a);
-    const cluster_desc cluster = read_cluster(a);
+    if (a.has("--probe")) {
+#if WEFT_PLAN_HAS_PROBE
+      return weft_plan::run_probe(a.get("--probe"), model, argc, argv);
+#else
+      bad_input("--probe needs MPI, and this weft-plan was built without it");
+#endif
+    }
+    const std::optional<measured_hardware> measured = read_measured(a);
+    const cluster_desc cluster = read_cluster(a, measured);
     const job_desc job = read_job(a);
     search_options options = read_options(a);
+    if (measured) options.calib = calibration_of(*measured);
     const bool json = a.flags.count("--json") > 0;
     const bool evaluating = has_layout(options.fixed);
     if (evaluating) check_given_layout(model, cluster, job, options);
@@ -332,6 +382,9 @@ int main(int argc, char** argv) {
       claim = check_claim(model, cluster.gpu, gpu_count(cluster), job.tokens, claim_days, job.gemm_precision);
     }
     const plan& best = result.plans.front();
+    const search_options explain_options{.top = 1, .software = options.software, .calib = options.calib,
+                                         .allow_uneven_stages = options.allow_uneven_stages};
+    const explanation why = explain(best, model, cluster, job, explain_options, evaluating ? "evaluated" : "best");
     if (json) {
       std::string out = "{\"gpus\": " + std::to_string(gpu_count(cluster)) +
                         ", \"global_batch\": " + std::to_string(global_batch_sequences(job, model)) +
@@ -345,8 +398,9 @@ int main(int argc, char** argv) {
                detail::json_number(claim->implied_mfu) + ", \"possible\": " + (claim->possible ? "true" : "false") +
                ", \"predicted_days\": " + detail::json_number(best.days) + ", \"predicted_cost\": " +
                detail::json_number(best.cost) + "}";
+      if (!evaluating) out += ", \"headline\": " + detail::json_string(headline(best, why, job));
       if (a.flags.count("--explain")) {
-        const explanation e = explain(best, model, cluster, job, search_options{.top = 1, .software = options.software, .calib = options.calib, .allow_uneven_stages = options.allow_uneven_stages}, evaluating ? "evaluated" : "best");
+        const explanation& e = why;
         out += ", \"explanation\": [";
         for (std::size_t i = 0; i < e.alternatives.size(); ++i)
           out += std::string(i ? ", " : "") + "{\"alternative\": " + detail::json_string(e.alternatives[i].name) +
@@ -356,6 +410,8 @@ int main(int argc, char** argv) {
       std::printf("%s}\n", out.c_str());
       return 0;
     }
+    // The answer first (for a search, not an evaluation of the user's own layout), then the table.
+    if (!evaluating) std::printf("%s\n\n", headline(best, why, job).c_str());
     std::printf("%.3g B parameters, %d GPUs (%s, %d per node), global batch %d sequences of %d tokens; "
                 "%lld valid layouts, %lld fit\n",
                 param_count(model) / 1e9, gpu_count(cluster), std::string(cluster.gpu.name).c_str(),
@@ -374,7 +430,7 @@ int main(int argc, char** argv) {
       if (best.cost > 0) std::printf(", cost %.4g", best.cost);
       std::printf(".\n");
     }
-    if (a.flags.count("--explain")) std::printf("\n%s", to_text(explain(best, model, cluster, job, search_options{.top = 1, .software = options.software, .calib = options.calib, .allow_uneven_stages = options.allow_uneven_stages}, evaluating ? "evaluated" : "best")).c_str());
+    if (a.flags.count("--explain")) std::printf("\n%s", to_text(why).c_str());
     return 0;
   } catch (const weft_programs::usage_error& e) {
     std::fprintf(stderr, "weft-plan: %s\n", e.what());

@@ -154,3 +154,24 @@ TEST_CASE("model shapes that do not split over the layout") {
   CHECK_THROWS_WITH(wl::require_model_shape(wl::rank_layout({.world_size = 4}), {.virtual_stages = 2}),
                     Contains("virtual stages 2 need pipeline parallelism"));
 }
+
+TEST_CASE("virtual stages belong to the layout: checked, carried, and agreed on by every rank") {
+  CHECK_THAT(only_problem({.world_size = 8, .tp = 2, .virtual_stages = 2}),
+             Contains("virtual stages 2 need pipeline parallelism, but pp=1"));
+  CHECK_THAT(only_problem({.world_size = 8, .pp = 2, .virtual_stages = 0}), Contains("virtual stages 0 is invalid"));
+  const wl::rank_layout plain({.world_size = 8, .tp = 2, .pp = 2});
+  const wl::rank_layout interleaved({.world_size = 8, .tp = 2, .pp = 2, .virtual_stages = 3});
+  CHECK(plain.virtual_stages() == 1);
+  CHECK(interleaved.virtual_stages() == 3);
+  // Same groups, different fingerprints: ranks that disagree on the schedule are caught.
+  CHECK(plain.groups(group_kind::pp) == interleaved.groups(group_kind::pp));
+  CHECK(plain.fingerprint() != interleaved.fingerprint());
+  // Without interleaving the text is what it always was (layouts from before virtual stages agree).
+  CHECK(plain.canonical_text() ==
+        "weft.layout.v1 world=8 order=tp-cp-ep-dp-pp tp=2 cp=1 dp=2 pp=2 ep=1 expert-tp=2 expert-dp=2");
+  // The model shape takes the layout's virtual stages when it gives none, and must agree when it does.
+  CHECK_THAT(wl::check_model_shape(interleaved, {.layers = 8}).at(0), Contains("8 layers do not divide over pp=2 x virtual stages=3"));
+  CHECK(wl::check_model_shape(interleaved, {.layers = 12}).empty());
+  CHECK_THAT(wl::check_model_shape(interleaved, {.layers = 12, .virtual_stages = 2}).at(0),
+             Contains("split into 2 virtual stages but the layout has 3"));
+}

@@ -42,6 +42,17 @@ for p in plans:
 check(all(a["tokens_per_s"] >= b["tokens_per_s"] for a, b in zip(plans, plans[1:])), "plans are best first")
 check(plans[0]["tp"] == 1 and plans[0]["pp"] == 1, "a 7B model on 64 H100s trains data parallel")
 
+# The answer first: the first line names the best layout (the JSON's first plan), its days and
+# cost for --tokens, and why (its closest alternative and what that one loses).
+check(out.get("headline", "").startswith("Best: tp=%d cp=%d pp=%d dp=%d" % (plans[0]["tp"], plans[0]["cp"],
+                                                                          plans[0]["pp"], plans[0]["dp"])),
+      f"headline names the best plan: {out.get('headline')!r}")
+r = run(*LLAMA7, "--gpu", "H100", "--gpus", "64", "--global-batch", "512", "--tokens", "1T", "--price", "2")
+first = r.stdout.splitlines()[0] if r.stdout else ""
+days = "%.3g days" % plans[0]["days"]
+check(first.startswith("Best: tp=%d " % plans[0]["tp"]) and days in first and "cost" in first and "slower" in first,
+      f"first line is the answer with days ({days}), cost and the reason: {first!r}")
+
 # Evaluate one layout: the answer keeps it.
 r = run(*LLAMA7, "--gpu", "A100-80GB", "--gpus", "16", "--global-batch", "256", "--tp", "2", "--pp", "2",
         "--dp", "4", "--micro-batch", "1", "--recompute", "full", "--json")

@@ -67,13 +67,13 @@ TEST_CASE("training state is 18 bytes per parameter, 6 + 12/d with a distributed
   const model_desc m = *model_preset("llama2-7b");
   const double per_gpu = param_count(m) / 2;  // tp = 2, one stage
   auto state = [](const plan& p) { return p.memory.weights + p.memory.gradients + p.memory.optimizer; };
-  const plan plain = evaluate(m, cluster, {.global_batch = 64}, {.tp = 2, .dp = 16, .sequence_parallel = true});
+  const plan plain = evaluate(m, cluster, {.global_batch = 64}, {.parallel = {.tp = 2, .dp = 16}, .sequence_parallel = true});
   CHECK(state(plain) == Approx(18 * per_gpu));
   const plan sharded = evaluate(m, cluster, {.global_batch = 64},
-                                {.tp = 2, .dp = 16, .sharding_mode = sharding::optimizer, .sequence_parallel = true});
+                                {.parallel = {.tp = 2, .dp = 16}, .sharding_mode = sharding::optimizer, .sequence_parallel = true});
   CHECK(state(sharded) == Approx((6 + 12.0 / 16) * per_gpu));
   const plan fsdp = evaluate(m, cluster, {.global_batch = 64},
-                             {.tp = 2, .dp = 16, .sharding_mode = sharding::full, .sequence_parallel = true});
+                             {.parallel = {.tp = 2, .dp = 16}, .sharding_mode = sharding::full, .sequence_parallel = true});
   const double gathered = 2 * 2 * layer_params(m) / 2;  // two bf16 layers being gathered
   CHECK(state(fsdp) == Approx(18 * per_gpu / 16 + gathered));
 }
@@ -82,7 +82,7 @@ TEST_CASE("pipeline bubble is (p - 1) / (v m) of the ideal time") {
   const cluster_desc cluster = dgx_cluster(*gpu_preset("H100"), 4);
   const model_desc m = *model_preset("llama2-7b");
   for (int vp : {1, 2, 4}) {
-    const plan p = evaluate(m, cluster, {.global_batch = 128}, {.pp = 4, .dp = 8, .vp = vp, .micro_batch = 1});
+    const plan p = evaluate(m, cluster, {.global_batch = 128}, {.parallel = {.pp = 4, .dp = 8, .virtual_stages = vp}, .micro_batch = 1});
     const double micro_batches = 128 / 8;
     REQUIRE(p.micro_batches == 16);
     // With tp = cp = 1 a micro-batch's time is its compute, so the bubble is an exact fraction.
@@ -98,10 +98,10 @@ TEST_CASE("tensor parallelism costs 4 all-reduces of b s h per layer per micro-b
   const double bandwidth = 600e9 / 2 * default_calibration.link_efficiency;
   const double one = 2.0 * (tp - 1) / tp * bytes / bandwidth + 2.0 * (tp - 1) * cluster.node.intra_latency;
   const double steps = batch / (2.0 * b);  // micro-batches per step with dp = 2
-  const plan none = evaluate(m, cluster, {.global_batch = batch}, {.tp = tp, .dp = 2, .micro_batch = b, .sequence_parallel = true});
+  const plan none = evaluate(m, cluster, {.global_batch = batch}, {.parallel = {.tp = tp, .dp = 2}, .micro_batch = b, .sequence_parallel = true});
   CHECK(none.time.tp_comm == Approx(steps * m.layers * 4 * one));
   const plan full = evaluate(m, cluster, {.global_batch = batch},
-                             {.tp = tp, .dp = 2, .micro_batch = b, .recompute_mode = recompute::full, .sequence_parallel = true});
+                             {.parallel = {.tp = tp, .dp = 2}, .micro_batch = b, .recompute_mode = recompute::full, .sequence_parallel = true});
   CHECK(full.time.tp_comm == Approx(steps * m.layers * 6 * one));
 }
 
@@ -109,7 +109,7 @@ TEST_CASE("data-parallel reduction moves 2 (d - 1) / d of the gradient bytes ove
   const cluster_desc cluster = dgx_cluster(*gpu_preset("H100"), 4);  // 32 GPUs
   const model_desc m = *model_preset("llama2-7b");
   const software_desc no_overlap{.overlap_dp = false};
-  const plan p = evaluate(m, cluster, {.global_batch = 64}, {.tp = 2, .dp = 16, .sequence_parallel = true}, no_overlap);
+  const plan p = evaluate(m, cluster, {.global_batch = 64}, {.parallel = {.tp = 2, .dp = 16}, .sequence_parallel = true}, no_overlap);
   const double grads = 4 * param_count(m) / 2;  // fp32 gradients of half the model
   const double nvlink = 900e9 / 2 * default_calibration.link_efficiency;
   const double network = 50e9 * default_calibration.link_efficiency;
@@ -118,14 +118,14 @@ TEST_CASE("data-parallel reduction moves 2 (d - 1) / d of the gradient bytes ove
                           2.0 * 3 / 4 * (grads / 4) / network + 2.0 * 3 * cluster.node.network_latency;
   CHECK(p.time.dp_comm == Approx(expected));
   // Overlapped with the backward pass, most of it disappears.
-  const plan overlapped = evaluate(m, cluster, {.global_batch = 64}, {.tp = 2, .dp = 16, .sequence_parallel = true});
+  const plan overlapped = evaluate(m, cluster, {.global_batch = 64}, {.parallel = {.tp = 2, .dp = 16}, .sequence_parallel = true});
   CHECK(overlapped.time.dp_comm < 0.5 * p.time.dp_comm);
 }
 
 TEST_CASE("MFU counts model FLOPs; hardware FLOPs add the recomputed forward (Narayanan et al.'s 96 / 72)") {
   const cluster_desc cluster = dgx_cluster(*gpu_preset("A100-80GB"), 4);
   const plan p = evaluate(gpt, cluster, {.global_batch = 64},
-                          {.tp = 2, .dp = 16, .micro_batch = 2, .recompute_mode = recompute::full}, megatron_2021);
+                          {.parallel = {.tp = 2, .dp = 16}, .micro_batch = 2, .recompute_mode = recompute::full}, megatron_2021);
   const double l = gpt.layers, h = gpt.hidden, s = gpt.seq, v = gpt.vocab;
   const double model = 72.0 * 64 * s * l * h * h * (1 + s / (6 * h) + v / (12 * l * h));
   const double hardware = 96.0 * 64 * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h));
@@ -137,7 +137,7 @@ TEST_CASE("MFU counts model FLOPs; hardware FLOPs add the recomputed forward (Na
 TEST_CASE("the step time is the sum of its parts, and days and cost follow from throughput") {
   const cluster_desc cluster = dgx_cluster(*gpu_preset("H100"), 2);
   const plan p = evaluate(*model_preset("llama2-7b"), cluster, {.global_batch = 64, .tokens = 1e12, .price_per_gpu_hour = 2},
-                          {.tp = 2, .pp = 2, .dp = 4, .vp = 2, .micro_batch = 1, .sequence_parallel = true});
+                          {.parallel = {.tp = 2, .pp = 2, .dp = 4, .virtual_stages = 2}, .micro_batch = 1, .sequence_parallel = true});
   const time_breakdown& t = p.time;
   CHECK(t.step == Approx(t.compute + t.tp_comm + t.cp_comm + t.pp_comm + t.bubble + t.dp_comm + t.optimizer));
   CHECK(p.days == Approx(1e12 / p.tokens_per_s / 86400));
@@ -148,15 +148,15 @@ TEST_CASE("invalid layouts are refused with the reason") {
   const cluster_desc cluster = dgx_cluster(*gpu_preset("H100"), 1);
   const model_desc m = *model_preset("llama2-7b");
   const job_desc job{.global_batch = 64};
-  CHECK_THAT(layout_problem(m, cluster, job, {.tp = 2, .dp = 2}), Catch::Contains("but the cluster has 8 GPUs"));
+  CHECK_THAT(layout_problem(m, cluster, job, {.parallel = {.tp = 2, .dp = 2}}), Catch::Contains("must equal the world size"));
   CHECK_THAT(layout_problem(m, {.gpu = cluster.gpu, .node = {.gpus_per_node = 6, .intra_bandwidth = 1, .network_bandwidth = 1}},
-                            job, {.tp = 3, .dp = 2}),
-             Catch::Contains("do not divide by tp = 3"));
-  CHECK_THAT(layout_problem(m, cluster, job, {.pp = 8, .dp = 1, .vp = 3}), Catch::Contains("do not divide into pp x vp"));
-  CHECK_THAT(layout_problem(m, cluster, {.global_batch = 4}, {.pp = 8}), Catch::Contains("fewer than the 8 pipeline stages"));
-  CHECK_THAT(layout_problem(m, cluster, {.global_batch = 60}, {.dp = 8}), Catch::Contains("does not divide"));
-  CHECK(layout_problem(m, cluster, job, {.tp = 8, .sequence_parallel = true}).empty());
-  CHECK_THROWS_AS(evaluate(m, cluster, job, {.tp = 16}), weft::error);
+                            job, {.parallel = {.tp = 3, .dp = 2}}),
+             Catch::Contains("do not divide over tp=3"));
+  CHECK_THAT(layout_problem(m, cluster, job, {.parallel = {.pp = 8, .dp = 1, .virtual_stages = 3}}), Catch::Contains("layers do not divide over pp=8 x virtual stages=3"));
+  CHECK_THAT(layout_problem(m, cluster, {.global_batch = 4}, {.parallel = {.pp = 8}}), Catch::Contains("fewer than the 8 pipeline stages"));
+  CHECK_THAT(layout_problem(m, cluster, {.global_batch = 60}, {.parallel = {.dp = 8}}), Catch::Contains("does not divide"));
+  CHECK(layout_problem(m, cluster, job, {.parallel = {.tp = 8}, .sequence_parallel = true}).empty());
+  CHECK_THROWS_AS(evaluate(m, cluster, job, {.parallel = {.tp = 16}}), weft::error);
   CHECK_THROWS_WITH(check_model({.layers = 2, .hidden = 100, .heads = 3, .vocab = 10, .seq = 8}),
                     Catch::Contains("multiple of the head count"));
 }
@@ -174,7 +174,7 @@ TEST_CASE("the blog's 8 x A100 claim for a 7B model needs more than 100 % MFU") 
 
 TEST_CASE("fp16 gradient buffers halve the gradient memory and the data-parallel bytes") {
   const cluster_desc cluster = dgx_cluster(*gpu_preset("A100-80GB"), 4);  // 32 GPUs
-  const layout l{.tp = 2, .dp = 16, .micro_batch = 1};
+  const layout_choice l{.parallel = {.tp = 2, .dp = 16}, .micro_batch = 1};
   const software_desc fp32_grads{.flash_attention = false, .sequence_parallel = false, .overlap_dp = false};
   software_desc fp16_grads = fp32_grads;
   fp16_grads.gradient_bytes = 2;
@@ -191,7 +191,7 @@ TEST_CASE("a bf16 gradient copy kept beside the fp32 accumulation adds 2 bytes p
   // DeepSpeed's bf16 optimizer (BLOOM): bf16 weights 2 + bf16 gradients 2 + fp32 gradients 4 +
   // 12 / d of master weights and moments, i.e. 8 + 12/d instead of 6 + 12/d.
   const cluster_desc cluster = dgx_cluster(*gpu_preset("A100-80GB"), 4);  // 32 GPUs
-  const layout l{.tp = 2, .dp = 16, .micro_batch = 1, .sharding_mode = sharding::optimizer};
+  const layout_choice l{.parallel = {.tp = 2, .dp = 16}, .micro_batch = 1, .sharding_mode = sharding::optimizer};
   const software_desc fused{.flash_attention = false, .sequence_parallel = false, .overlap_dp = false};
   software_desc kept = fused;
   kept.low_precision_gradient_bytes = 2;
@@ -202,7 +202,7 @@ TEST_CASE("a bf16 gradient copy kept beside the fp32 accumulation adds 2 bytes p
   CHECK(state(a) == Approx((6 + 12.0 / 16) * per_gpu));
   CHECK(state(b) == Approx((8 + 12.0 / 16) * per_gpu));
   // Sharding the fp32 gradients (ZeRO-2) leaves the kept bf16 copy whole: 2 + 4/d + 2 + 12/d.
-  layout z2 = l;
+  layout_choice z2 = l;
   z2.sharding_mode = sharding::gradients;
   CHECK(state(evaluate(gpt, cluster, {.global_batch = 64}, z2, kept)) == Approx((4 + 16.0 / 16) * per_gpu));
   // Memory only: the reduction still moves the fp32 gradients, and the step time is unchanged.
@@ -212,8 +212,8 @@ TEST_CASE("a bf16 gradient copy kept beside the fp32 accumulation adds 2 bytes p
 TEST_CASE("usable memory: the device minus a fixed reserve, less the fragmentation margin") {
   const cluster_desc small = dgx_cluster(*gpu_preset("A100-40GB"), 1);
   const cluster_desc large = dgx_cluster(*gpu_preset("A100-80GB"), 1);
-  const plan a = evaluate(gpt, small, {.global_batch = 8}, {.dp = 8, .recompute_mode = recompute::full}, megatron_2021);
-  const plan b = evaluate(gpt, large, {.global_batch = 8}, {.dp = 8, .recompute_mode = recompute::full}, megatron_2021);
+  const plan a = evaluate(gpt, small, {.global_batch = 8}, {.parallel = {.dp = 8}, .recompute_mode = recompute::full}, megatron_2021);
+  const plan b = evaluate(gpt, large, {.global_batch = 8}, {.parallel = {.dp = 8}, .recompute_mode = recompute::full}, megatron_2021);
   const double gib = 1024.0 * 1024.0 * 1024.0;
   calibration c = default_calibration;
   CHECK(a.memory.usable == Approx((40 * gib - c.memory_reserve) * (1 - c.memory_headroom)));

@@ -30,7 +30,10 @@
 namespace weft::layout {
 
 /// What a user says about a layout. Degrees default to 1; dp = 0 derives it from the world size;
-/// expert_tp = 0 means "same as tp".
+/// expert_tp = 0 means "same as tp". `virtual_stages` is the number of model chunks each pipeline
+/// rank holds under an interleaved schedule (1: plain 1F1B); it changes no group, but every rank
+/// must agree on it, so it is part of the layout. This is also what the tuner chooses
+/// (`weft::tune::plan::layout()`), so a plan becomes process groups in one step.
 struct layout_spec {
   int world_size = 0;
   int tp = 1;
@@ -40,6 +43,7 @@ struct layout_spec {
   int dp = 0;
   int expert_tp = 0;
   std::string order{default_order};
+  int virtual_stages = 1;
 };
 
 /// Where one rank sits on both grids.
@@ -127,6 +131,11 @@ inline std::vector<std::string> validate(const layout_spec& spec) {
   }
   if (spec.dp < 0) problems.push_back(detail::degree_text("dp", spec.dp) + " is invalid: give dp >= 1, or leave it out (0) to derive it from the world size");
   if (spec.expert_tp < 0) problems.push_back(detail::degree_text("expert-tp", spec.expert_tp) + " is invalid: give expert-tp >= 1, or leave it out (0) to use tp");
+  if (spec.virtual_stages < 1)
+    problems.push_back("virtual stages " + std::to_string(spec.virtual_stages) + " is invalid: use 1 for no interleaving, or more");
+  else if (spec.virtual_stages > 1 && spec.pp == 1)
+    problems.push_back("virtual stages " + std::to_string(spec.virtual_stages) +
+                       " need pipeline parallelism, but pp=1: set pp > 1 or use 1 virtual stage");
   std::string order_problem;
   std::optional<dim_order> order = dim_order::try_parse(spec.order, &order_problem);
   if (!order) problems.push_back(order_problem);
@@ -228,7 +237,7 @@ inline std::vector<std::string> validate(const layout_spec& spec) {
 /// problem `validate` finds.
 class rank_layout {
  public:
-  explicit rank_layout(const layout_spec& spec) : rank_layout(checked(spec), 0) {}
+  explicit rank_layout(const layout_spec& spec) : rank_layout(checked(spec), 0) { virtual_stages_ = spec.virtual_stages; }
 
   int world_size() const noexcept { return dense_.world_size(); }
   int tp() const noexcept { return dense_.size(dim::tp); }
@@ -238,6 +247,8 @@ class rank_layout {
   int ep() const noexcept { return expert_.size(dim::ep); }
   int expert_tp() const noexcept { return expert_.size(dim::tp); }
   int expert_dp() const noexcept { return expert_.size(dim::dp); }
+  /// Model chunks per pipeline rank (interleaved 1F1B); 1 without interleaving.
+  int virtual_stages() const noexcept { return virtual_stages_; }
   /// The full order, every dimension named.
   const dim_order& order() const noexcept { return dense_.order(); }
 
@@ -317,7 +328,9 @@ class rank_layout {
     return "weft.layout.v1 world=" + std::to_string(world_size()) + " order=" + order().to_string() +
            " tp=" + std::to_string(tp()) + " cp=" + std::to_string(cp()) + " dp=" + std::to_string(dp()) +
            " pp=" + std::to_string(pp()) + " ep=" + std::to_string(ep()) +
-           " expert-tp=" + std::to_string(expert_tp()) + " expert-dp=" + std::to_string(expert_dp());
+           " expert-tp=" + std::to_string(expert_tp()) + " expert-dp=" + std::to_string(expert_dp()) +
+           // Only when interleaved, so that the text (and fingerprint) of every other layout is unchanged.
+           (virtual_stages_ > 1 ? " vp=" + std::to_string(virtual_stages_) : std::string());
   }
 
   /// A 64-bit hash of `canonical_text()`, the same on every platform: ranks compare it before
@@ -364,6 +377,7 @@ class rank_layout {
 
   rank_generator dense_;
   rank_generator expert_;
+  int virtual_stages_ = 1;
 };
 
 }  // namespace weft::layout

@@ -2,7 +2,8 @@
 /// \file
 /// The cost model's few empirical constants. Everything else in the model is a published formula
 /// or a data-sheet number. The fitted values come from a grid search against the published runs
-/// in shared/data/published_runs.csv (see docs/tuning.md, "Calibration"); `tune_fit` redoes it.
+/// in tests/tune/data/published_runs.csv (see docs/tuning.md, "Calibration"); `tune_fit` redoes it
+/// and validates it leaving one source out.
 
 #include <weft/tune/hardware.hpp>
 
@@ -14,10 +15,15 @@ struct calibration {
   double gemm_efficiency_ampere = 0.75;
   /// Fraction of dense peak a large GEMM reaches on Hopper and Blackwell GPUs (fitted; lower than
   /// Ampere's because these GPUs reach their peak only at clocks they cannot hold under load).
-  double gemm_efficiency_hopper = 0.60;
+  double gemm_efficiency_hopper = 0.675;
   /// GEMM size (the smaller of the two dimensions a GPU sees besides tokens) at which a GEMM
   /// reaches half its large-GEMM efficiency: efficiency(d) = peak_fraction * d / (d + half_size).
   double gemm_half_size = 256;
+  /// Whether `gemm_half_size` is the A100-80GB's and scales, on other GPUs, with the GPU's ridge
+  /// point (dense peak / memory bandwidth, Williams et al., "Roofline", CACM 2009): a GEMM whose
+  /// smallest dimension is d does about d FLOPs per byte it streams, so it reaches a given fraction
+  /// of the peak at a d proportional to the ridge point.
+  bool gemm_half_size_follows_ridge = true;
   /// How many times the elementwise work of a layer (norms, activations, dropout, softmax) reads or
   /// writes each byte of the layer's activations, per forward pass (fitted).
   double elementwise_passes = 1.5;

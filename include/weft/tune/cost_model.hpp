@@ -13,7 +13,9 @@
 ///  - tensor-parallel traffic: 4 all-reduces of b s h per layer per micro-batch (reduce-scatter +
 ///    all-gather with sequence parallelism), 6 with full recomputation;
 ///  - data-parallel traffic: 2 (d - 1) / d of the gradient bytes, hierarchically over NVLink and
-///    the network (ring all-reduce bound), overlapped with the backward pass where allowed.
+///    the network (ring all-reduce bound), overlapped with the backward pass where allowed;
+///  - GEMM efficiency d / (d + d_half) in the GEMM's smallest dimension d, with d_half scaled by
+///    the GPU's ridge point, peak / memory bandwidth (the roofline, Williams et al. 2009).
 /// Everything is a pure function of its inputs.
 
 #include <algorithm>
@@ -21,6 +23,7 @@
 #include <string>
 
 #include <weft/core/error.hpp>
+#include <weft/layout/model_shape.hpp>
 #include <weft/tune/calibration.hpp>
 #include <weft/tune/hardware.hpp>
 #include <weft/tune/layout.hpp>
@@ -56,7 +59,7 @@ struct time_breakdown {
 
 /// A layout with its predictions.
 struct plan {
-  layout config{};
+  layout_choice config{};
   int micro_batches = 0;      ///< per pipeline per step
   memory_breakdown memory{};
   time_breakdown time{};
@@ -65,6 +68,12 @@ struct plan {
   double tokens_per_s = 0;    ///< whole cluster
   double days = 0;            ///< to train job.tokens (0 if not given)
   double cost = 0;            ///< days x 24 x GPUs x price (0 if not given)
+
+  /// The layout `weft::process_groups` is built from, so a trainer goes from a plan to its
+  /// communicators in one step: `weft::process_groups groups(world, plan.layout());`. Its
+  /// virtual_stages() is the plan's interleaving; micro-batch, recomputation and sharding stay in
+  /// `config`.
+  weft::layout::rank_layout layout() const { return weft::layout::rank_layout(config.parallel); }
 };
 
 /// Sequences per optimizer step of a job (from `global_batch` or `global_batch_tokens`).
@@ -137,7 +146,13 @@ class evaluator {
     net_bw_ = cluster.node.network_bandwidth * calib.link_efficiency / std::max(1.0, cluster.oversubscription);
     usable_ = (cluster.gpu.memory_bytes - calib.memory_reserve) * (1 - calib.memory_headroom);
     flops_per_token_ = model_flops_per_token(model);
+    half_size_ = calib.gemm_half_size;
+    if (calib.gemm_half_size_follows_ridge && cluster.gpu.memory_bandwidth > 0)
+      half_size_ *= (cluster.gpu.peak_bf16 / cluster.gpu.memory_bandwidth) / a100_ridge_point;
   }
+
+  /// The A100-80GB's ridge point (312 TFLOP/s over 2039 GB/s), where `gemm_half_size` is defined.
+  static constexpr double a100_ridge_point = 312e12 / 2039e9;
 
   const model_desc& model() const noexcept { return model_; }
   const cluster_desc& cluster() const noexcept { return cluster_; }
@@ -147,7 +162,7 @@ class evaluator {
 
   /// GEMM time for `flops` at the efficiency of a GEMM whose smallest dimension is `d`.
   double gemm(double flops, double d, double peak) const noexcept {
-    return flops * (d + calib_.gemm_half_size) / (peak * peak_fraction_ * d);
+    return flops * (d + half_size_) / (peak * peak_fraction_ * d);
   }
 
   /// Per-layer costs for one micro-batch of `b` sequences.
@@ -201,14 +216,12 @@ class evaluator {
     return c;
   }
 
-  /// Evaluates `l` with precomputed per-layer costs `c` (from costs(l.tp, l.cp, l.sequence_parallel,
-  /// l.micro_batch)). The layout must be valid (see check_layout).
   /// Memory per GPU of `l` on its busiest stage, with per-layer costs `c`.
-  memory_breakdown memory(const layout& l, const layer_costs& c) const noexcept {
-    const int m = global_batch_ / (l.dp * l.micro_batch);
-    const double lps = (model_.layers + l.pp - 1) / l.pp;
-    const double t = l.tp;
-    const int shard_group = l.dp * l.cp;
+  memory_breakdown memory(const layout_choice& l, const layer_costs& c) const noexcept {
+    const int m = global_batch_ / (l.parallel.dp * l.micro_batch);
+    const double lps = (model_.layers + l.parallel.pp - 1) / l.parallel.pp;
+    const double t = l.parallel.tp;
+    const int shard_group = l.parallel.dp * l.parallel.cp;
     const double d = shard_group;
     const double max_params = stage_params(l);
     const double stage = lps * layer_params_;
@@ -225,14 +238,14 @@ class evaluator {
     if (l.recompute_mode == recompute::full) stored = c.act_full;
     const double working = l.recompute_mode == recompute::full ? c.act_none : 0.0;
     memory_breakdown result;
-    if (l.pp == 1) {
+    if (l.parallel.pp == 1) {
       state(max_params, result);
       result.activations = lps * stored + working;
       result.logits = c.logits_bytes;
     } else {
       // 1F1B keeps min(p, m) micro-batches in flight on the first stage; interleaving with v
       // chunks keeps p (1 + (p - 1) / (p v)) (Korthikanti et al. 2022, section 4.2.3).
-      const double in_flight = l.vp > 1 ? l.pp + static_cast<double>(l.pp - 1) / l.vp : std::min(l.pp, m);
+      const double in_flight = l.parallel.virtual_stages > 1 ? l.parallel.pp + static_cast<double>(l.parallel.pp - 1) / l.parallel.virtual_stages : std::min(l.parallel.pp, m);
       memory_breakdown first, last;
       state((stage + embedding_) / t, first);
       first.activations = lps * in_flight * stored + working;
@@ -251,23 +264,23 @@ class evaluator {
   }
 
   /// Parameters per GPU on the stage that holds the most.
-  double stage_params(const layout& l) const noexcept {
-    const double lps = (model_.layers + l.pp - 1) / l.pp;
-    if (l.pp == 1) return (model_.layers * layer_params_ + embedding_params(model_)) / l.tp;
-    return (lps * layer_params_ + embedding_) / l.tp;
+  double stage_params(const layout_choice& l) const noexcept {
+    const double lps = (model_.layers + l.parallel.pp - 1) / l.parallel.pp;
+    if (l.parallel.pp == 1) return (model_.layers * layer_params_ + embedding_params(model_)) / l.parallel.tp;
+    return (lps * layer_params_ + embedding_) / l.parallel.tp;
   }
 
-  /// Evaluates `l` with precomputed per-layer costs `c` (from costs(l.tp, l.cp, l.sequence_parallel,
+  /// Evaluates `l` with precomputed per-layer costs `c` (from costs(l.parallel.tp, l.parallel.cp, l.sequence_parallel,
   /// l.micro_batch)). The layout must be valid (see layout_problem).
-  plan evaluate(const layout& l, const layer_costs& c) const noexcept {
+  plan evaluate(const layout_choice& l, const layer_costs& c) const noexcept {
     plan p;
     p.config = l;
     p.memory = memory(l, c);
     const int gpus = gpus_of(l);
-    const int m = global_batch_ / (l.dp * l.micro_batch);
+    const int m = global_batch_ / (l.parallel.dp * l.micro_batch);
     p.micro_batches = m;
-    const double lps = (model_.layers + l.pp - 1) / l.pp;
-    const int shard_group = l.dp * l.cp;
+    const double lps = (model_.layers + l.parallel.pp - 1) / l.parallel.pp;
+    const int shard_group = l.parallel.dp * l.parallel.cp;
     const double d = shard_group;
     const double max_params = stage_params(l);
     const bool z1 = l.sharding_mode != sharding::none;
@@ -281,8 +294,8 @@ class evaluator {
     double tp_layer = collectives * c.tp_collective;
     // Overlapped collectives run chunk by chunk behind the GEMMs (forward, backward, recompute);
     // the first chunk of each, 1/tp of it, stays exposed.
-    if (software_.overlap_tp && l.tp > 1)
-      tp_layer = std::max(tp_layer - (3 + (redo > 0 ? 1 : 0)) * c.weight_gemms, tp_layer / l.tp);
+    if (software_.overlap_tp && l.parallel.tp > 1)
+      tp_layer = std::max(tp_layer - (3 + (redo > 0 ? 1 : 0)) * c.weight_gemms, tp_layer / l.parallel.tp);
     const double cp_layer = std::max(0.0, c.cp_exchange - c.attention_core) +
                             std::max(0.0, 2 * c.cp_exchange - 2 * c.attention_core) +
                             (l.recompute_mode == recompute::full ? std::max(0.0, c.cp_exchange - c.attention_core) : 0.0);
@@ -294,18 +307,18 @@ class evaluator {
     tb.recompute = m * lps * redo;
     tb.tp_comm = m * lps * tp_layer;
     tb.cp_comm = m * lps * cp_layer;
-    if (l.pp > 1) {
-      tb.bubble = static_cast<double>(l.pp - 1) / l.vp * mb_time;
-      const bool crosses = l.tp * l.cp * l.dp >= cluster_.node.gpus_per_node;
+    if (l.parallel.pp > 1) {
+      tb.bubble = static_cast<double>(l.parallel.pp - 1) / l.parallel.virtual_stages * mb_time;
+      const bool crosses = l.parallel.tp * l.parallel.cp * l.parallel.dp >= cluster_.node.gpus_per_node;
       const double send = c.p2p_bytes / (crosses ? net_bw_ : intra_bw_) +
                           (crosses ? cluster_.node.network_latency : cluster_.node.intra_latency);
-      tb.pp_comm = 2.0 * (static_cast<double>(l.vp) * m + l.pp - 1) * send;
+      tb.pp_comm = 2.0 * (static_cast<double>(l.parallel.virtual_stages) * m + l.parallel.pp - 1) * send;
     }
 
     // Data parallelism: the dp x cp group spans `per_node` GPUs in each of `nodes_spanned` nodes;
     // reduce inside the node over NVLink, across nodes over each GPU's own port.
     if (shard_group > 1) {
-      const int per_node = std::max(1, std::min(shard_group, cluster_.node.gpus_per_node / std::max(1, l.tp * 1)));
+      const int per_node = std::max(1, std::min(shard_group, cluster_.node.gpus_per_node / std::max(1, l.parallel.tp * 1)));
       const int nodes_spanned = (shard_group + per_node - 1) / per_node;
       auto all_reduce = [&](double bytes) {
         return ring_all_reduce(bytes, per_node, intra_bw_, cluster_.node.intra_latency) +
@@ -362,61 +375,77 @@ class evaluator {
   double h_ = 0, s_ = 0, a_ = 0, f_ = 0, g_ = 1, v_ = 0;
   int global_batch_ = 0;
   double gemm_peak_ = 0, peak_fraction_ = 0, layer_params_ = 0, embedding_ = 0;
-  double intra_bw_ = 0, net_bw_ = 0, usable_ = 0, flops_per_token_ = 0;
+  double intra_bw_ = 0, net_bw_ = 0, usable_ = 0, flops_per_token_ = 0, half_size_ = 0;
 };
 
 }  // namespace detail
 
-/// Why `l` is not a valid layout for this model, cluster and job, or an empty string.
-/// `allow_uneven_stages` accepts a layer count that pp x vp does not divide (the busiest stage
-/// then gets the rounded-up share).
+/// `l` with what it leaves to be derived filled in: world_size 0 becomes the cluster's GPU count,
+/// dp 0 the world size over tp x cp x pp (when that divides).
+inline layout_choice complete_layout(layout_choice l, const cluster_desc& cluster) {
+  weft::layout::layout_spec& d = l.parallel;
+  if (d.world_size == 0) d.world_size = gpu_count(cluster);
+  const long long model_parallel = static_cast<long long>(d.tp) * d.cp * d.pp;
+  if (d.dp == 0 && model_parallel > 0 && d.world_size % model_parallel == 0)
+    d.dp = static_cast<int>(d.world_size / model_parallel);
+  return l;
+}
+
+/// Why `l` is not a valid layout for this model, cluster and job, or an empty string. The rules
+/// of the degrees and of how they split the model are weft::layout's (`validate`,
+/// `check_model_shape`); the rest is the tuner's own (tp inside a node, the batch split into
+/// micro-batches). `allow_uneven_stages` accepts a layer count that pp x vp does not divide (the
+/// busiest stage then gets the rounded-up share).
 inline std::string layout_problem(const model_desc& model, const cluster_desc& cluster, const job_desc& job,
-                                  const layout& l, bool allow_uneven_stages = false) {
+                                  const layout_choice& given, bool allow_uneven_stages = false) {
+  const layout_choice l = complete_layout(given, cluster);
+  const weft::layout::layout_spec& d = l.parallel;
   const int gpus = gpu_count(cluster);
   const int batch = global_batch_sequences(job, model);
   auto str = [](auto v) { return std::to_string(v); };
-  if (l.tp < 1 || l.cp < 1 || l.pp < 1 || l.dp < 1 || l.vp < 1 || l.micro_batch < 1)
-    return "every degree (tp, cp, pp, dp, vp) and the micro-batch must be at least 1";
-  if (gpus_of(l) != gpus)
-    return "tp x cp x pp x dp = " + str(gpus_of(l)) + " but the cluster has " + str(gpus) + " GPUs";
-  if (l.tp > cluster.node.gpus_per_node)
-    return "tp = " + str(l.tp) + " is larger than a node (" + str(cluster.node.gpus_per_node) +
+  if (l.micro_batch < 1) return "the micro-batch must be at least 1";
+  if (d.world_size != gpus)
+    return "the layout is for a world of " + str(d.world_size) + " ranks but the cluster has " + str(gpus) + " GPUs";
+  if (const std::vector<std::string> problems = weft::layout::validate(d); !problems.empty()) return problems.front();
+  if (d.ep != 1 || (d.expert_tp != 0 && d.expert_tp != d.tp))
+    return "the cost model has no expert parallelism: leave ep and expert_tp at their defaults";
+  if (weft::layout::dim_order::parse(d.order) != weft::layout::dim_order())
+    return "the cost model assumes the order " + std::string(weft::layout::default_order) + ", not '" + d.order + "'";
+  if (d.tp > cluster.node.gpus_per_node)
+    return "tp = " + str(d.tp) + " is larger than a node (" + str(cluster.node.gpus_per_node) +
            " GPUs): tensor parallelism needs NVLink";
-  if (model.heads % l.tp != 0) return "the " + str(model.heads) + " attention heads do not divide by tp = " + str(l.tp);
-  if (kv_heads_of(model) % l.tp != 0)
-    return "the " + str(kv_heads_of(model)) + " key/value heads do not divide by tp = " + str(l.tp);
-  if (l.cp > 1 && model.seq % (2 * l.cp) != 0)
-    return "context parallelism needs the sequence (" + str(model.seq) + ") to divide into 2 x cp = " +
-           str(2 * l.cp) + " chunks";
-  if (l.pp > model.layers) return "pp = " + str(l.pp) + " is more than the " + str(model.layers) + " layers";
-  if (l.vp > 1 && l.pp == 1) return "virtual stages (vp > 1) need pipeline parallelism (pp > 1)";
-  if (!allow_uneven_stages && model.layers % (l.pp * l.vp) != 0)
-    return "the " + str(model.layers) + " layers do not divide into pp x vp = " + str(l.pp * l.vp) + " stages";
-  if (l.pp * l.vp > model.layers)
-    return "pp x vp = " + str(l.pp * l.vp) + " is more than the " + str(model.layers) + " layers";
+  // With uneven stages allowed, the layer count is not checked against pp x vp (0: unknown).
+  const weft::layout::model_shape shape{.heads = model.heads, .kv_heads = kv_heads_of(model),
+                                        .layers = allow_uneven_stages ? 0 : model.layers, .seq_length = model.seq};
+  if (const std::vector<std::string> problems = weft::layout::check_model_shape(weft::layout::rank_layout(d), shape);
+      !problems.empty())
+    return problems.front();
+  if (d.pp * d.virtual_stages > model.layers)
+    return "pp x vp = " + str(d.pp * d.virtual_stages) + " is more than the " + str(model.layers) + " layers";
   if (batch <= 0) return "the job needs a global batch (--global-batch)";
-  if (batch % (l.dp * l.micro_batch) != 0)
+  if (batch % (d.dp * l.micro_batch) != 0)
     return "the global batch (" + str(batch) + " sequences) does not divide into dp x micro-batch = " +
-           str(l.dp * l.micro_batch);
-  const int m = batch / (l.dp * l.micro_batch);
-  if (l.pp > 1 && m < l.pp)
-    return str(m) + " micro-batches per step are fewer than the " + str(l.pp) + " pipeline stages";
-  if (l.vp > 1 && m % l.pp != 0)
-    return "the interleaved schedule needs the micro-batch count (" + str(m) + ") to be a multiple of pp = " + str(l.pp);
-  if (l.sequence_parallel && l.tp == 1) return "sequence parallelism needs tp > 1";
+           str(d.dp * l.micro_batch);
+  const int m = batch / (d.dp * l.micro_batch);
+  if (d.pp > 1 && m < d.pp)
+    return str(m) + " micro-batches per step are fewer than the " + str(d.pp) + " pipeline stages";
+  if (d.virtual_stages > 1 && m % d.pp != 0)
+    return "the interleaved schedule needs the micro-batch count (" + str(m) + ") to be a multiple of pp = " + str(d.pp);
+  if (l.sequence_parallel && d.tp == 1) return "sequence parallelism needs tp > 1";
   return {};
 }
 
 /// Predicts memory and step time of `l`. Throws weft::error if the layout is invalid (see
 /// layout_problem); a layout that does not fit in memory is still evaluated (`memory.fits()`).
-inline plan evaluate(const model_desc& model, const cluster_desc& cluster, const job_desc& job, const layout& l,
+inline plan evaluate(const model_desc& model, const cluster_desc& cluster, const job_desc& job, const layout_choice& given,
                      const software_desc& software = {}, const calibration& calib = default_calibration,
                      bool allow_uneven_stages = false) {
   check_model(model);
+  const layout_choice l = complete_layout(given, cluster);
   if (std::string problem = layout_problem(model, cluster, job, l, allow_uneven_stages); !problem.empty())
     fail("tune: invalid layout: " + problem);
   detail::evaluator ev(model, cluster, job, software, calib);
-  return ev.evaluate(l, ev.costs(l.tp, l.cp, l.sequence_parallel, l.micro_batch));
+  return ev.evaluate(l, ev.costs(l.parallel.tp, l.parallel.cp, l.sequence_parallel, l.micro_batch));
 }
 
 }  // namespace weft::tune

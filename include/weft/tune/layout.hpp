@@ -6,6 +6,8 @@
 #include <optional>
 #include <string_view>
 
+#include <weft/layout/layout.hpp>
+
 namespace weft::tune {
 
 /// Activation recomputation (Korthikanti et al. 2022): keep every activation, recompute only the
@@ -57,22 +59,23 @@ constexpr std::optional<sharding> parse_sharding(std::string_view text) noexcept
   return std::nullopt;
 }
 
-/// One parallel layout. Ranks are ordered tp (fastest), cp, dp, pp (slowest), as in Megatron-Core,
-/// so a tp group stays inside a node and a pp group is the first to leave it.
-struct layout {
-  int tp = 1;                ///< tensor parallel degree
-  int cp = 1;                ///< context parallel degree (sequence split across GPUs in attention)
-  int pp = 1;                ///< pipeline stages
-  int dp = 1;                ///< data parallel degree
-  int vp = 1;                ///< virtual stages (model chunks) per pipeline rank; 1: plain 1F1B
-  int micro_batch = 1;       ///< sequences per micro-batch
+/// One layout as the tuner chooses it: the parallel degrees in weft::layout's vocabulary (the
+/// spec `weft::process_groups` is built from: world size, tp, cp, pp, dp, virtual stages; the
+/// tuner models no expert parallelism, so ep = 1), and how each model replica trains. The cost
+/// model assumes the default order, tp-cp-ep-dp-pp (Megatron-Core's): a tp group stays inside a
+/// node and a pp group is the first to leave it.
+struct layout_choice {
+  weft::layout::layout_spec parallel{};  ///< world_size 0: the cluster's GPUs; dp 0: derived from it
+  int micro_batch = 1;                   ///< sequences per micro-batch
   recompute recompute_mode = recompute::none;
   sharding sharding_mode = sharding::none;
-  bool sequence_parallel = false;  ///< norms and dropout split over the tp group (needs tp > 1)
+  bool sequence_parallel = false;        ///< norms and dropout split over the tp group (needs tp > 1)
 };
 
-/// GPUs a layout uses.
-constexpr int gpus_of(const layout& l) noexcept { return l.tp * l.cp * l.pp * l.dp; }
+/// GPUs a layout uses: tp x cp x pp x dp.
+constexpr int gpus_of(const layout_choice& l) noexcept {
+  return l.parallel.tp * l.parallel.cp * l.parallel.pp * l.parallel.dp;
+}
 
 /// What the training software can do; the tuner only proposes what it supports. The defaults
 /// describe a current Megatron-Core-like stack.

@@ -1,12 +1,14 @@
 #pragma once
 /// \file
-/// Published training runs (shared/data/published_runs.csv) and the checks of the cost model
+/// Published training runs (tests/tune/data/published_runs.csv) and the checks of the cost model
 /// against them: (a) the predicted MFU of each run's own layout against its published MFU, counted
 /// the way the source counts FLOPs; (b) the layout the search picks from the model, GPU type and
-/// count and global batch alone, against the experts' layout.
+/// count and global batch alone, against the experts' layout; (c) the fit of the calibration
+/// constants, and leave-one-source-out validation (fit without a source, predict it).
 
 #include <cctype>
 #include <cmath>
+#include <algorithm>
 #include <fstream>
 #include <istream>
 #include <sstream>
@@ -144,6 +146,11 @@ inline std::vector<published_run> read_published_runs(std::istream& in) {
       if (m.vocab == 0) m.vocab = 128256;
       m.params = 0;  // derived from the full shape
     }
+    if (detail::starts_with(r.name, "Llama 2")) {  // Meta's published Llama 2 configuration (7B, 13B, 70B)
+      m.swiglu = true;
+      m.ffn = m.hidden == 4096 ? 11008 : m.hidden == 5120 ? 13824 : 28672;
+      m.params = 0;
+    }
     const std::string& gpu = f[c_gpu];
     for (const gpu_desc& g : gpu_presets)
       if (detail::starts_with(gpu, g.name)) r.gpu = g;
@@ -156,6 +163,7 @@ inline std::vector<published_run> read_published_runs(std::istream& in) {
     l.cp = std::max(1, integer(c_cp));
     l.vp = integer(c_vp);
     l.micro_batch = integer(c_mb);
+    if (f[c_rc] == "no" || f[c_rc] == "none") l.recompute_mode = recompute::none;
     if (detail::starts_with(f[c_rc], "full")) l.recompute_mode = recompute::full;
     if (detail::starts_with(f[c_rc], "selective")) l.recompute_mode = recompute::selective;
     if (detail::contains(f[c_dp], "FSDP")) l.sharding_mode = sharding::full;
@@ -186,14 +194,14 @@ inline cluster_desc cluster_of(const published_run& run) {
 
 /// One run checked against the model.
 struct run_check {
-  plan published;        ///< the published layout as the model predicts it (unstated fields chosen by the model)
-  double predicted_mfu;  ///< the prediction in the source's own FLOP count
-  double error;          ///< predicted_mfu / published_mfu - 1
-  plan chosen;           ///< the search's choice from the model, GPU type and count and batch alone
-  plan with_published_tp;  ///< the search's best when held to the published TP degree
-  bool same_tp;
-  bool pp_within_2;
-  bool not_worse;        ///< the choice's predicted throughput is at least the published layout's
+  plan published;            ///< the published layout as the model predicts it (unstated fields chosen by the model)
+  double predicted_mfu = 0;  ///< the prediction in the source's own FLOP count
+  double error = 0;          ///< predicted_mfu / published_mfu - 1
+  plan chosen;               ///< the search's choice from the model, GPU type and count and batch alone
+  plan with_published_tp;    ///< the search's best when held to the published TP degree
+  bool same_tp = false;
+  bool pp_within_2 = false;
+  bool not_worse = false;    ///< the choice's predicted throughput is at least the published layout's
 };
 
 /// Checks one run: (a) with its published layout and (b) with a free search.
@@ -220,10 +228,131 @@ inline run_check check_run(const published_run& run, const calibration& calib = 
   free.fixed.tp = run.published.tp;
   const search_result same_tp = search(run.model, cluster, job, free);
   c.with_published_tp = same_tp.plans.empty() ? c.published : same_tp.plans.front();
-  c.same_tp = c.chosen.config.tp == run.published.tp;
-  c.pp_within_2 = c.chosen.config.pp * 2 >= run.published.pp && c.chosen.config.pp <= 2 * run.published.pp;
+  c.same_tp = c.chosen.config.parallel.tp == run.published.tp;
+  c.pp_within_2 = c.chosen.config.parallel.pp * 2 >= run.published.pp && c.chosen.config.parallel.pp <= 2 * run.published.pp;
   c.not_worse = c.chosen.tokens_per_s >= c.published.tokens_per_s * (1 - 1e-9);
   return c;
+}
+
+/// The predicted MFU of `run`'s own layout (unstated fields chosen by the search under the
+/// source's software), in the source's FLOP count; 0 when the layout does not fit the memory model.
+inline double predicted_published_mfu(const published_run& run, const calibration& calib = default_calibration) {
+  // Uneven stages only where the published layout has them (BLOOM's 70 layers on 12 stages).
+  search_options options{.top = 1, .fixed = run.published, .software = software_of(run.source), .calib = calib,
+                         .allow_uneven_stages = run.model.layers % run.published.pp != 0};
+  const search_result r = search(run.model, cluster_of(run), {.global_batch = run.global_batch}, options);
+  if (r.plans.empty()) return 0;
+  return r.plans.front().tokens_per_s / run.gpus * source_flops_per_token(run) / run.gpu.peak_bf16;
+}
+
+/// Mean and worst absolute relative error of predicted MFU over some runs.
+struct mfu_error {
+  double mean = 1e9;
+  double worst = 1e9;
+};
+
+/// The MFU error of `calib` on `runs` (both 1e9 when a published layout does not fit).
+inline mfu_error mfu_error_of(const std::vector<published_run>& runs, const calibration& calib) {
+  mfu_error e{0, 0};
+  if (runs.empty()) return e;
+  for (const published_run& run : runs) {
+    const double mfu = predicted_published_mfu(run, calib);
+    if (mfu <= 0) return {};
+    const double error = std::abs(mfu / run.published_mfu - 1);
+    e.mean += error / static_cast<double>(runs.size());
+    e.worst = std::max(e.worst, error);
+  }
+  return e;
+}
+
+/// The values the fit tries for each fitted constant (the memory reserve and headroom are not fitted).
+struct calibration_grid {
+  std::vector<double> gemm_half_size{64, 128, 192, 256, 384, 512, 768};
+  std::vector<double> elementwise_passes{0, 0.5, 1, 1.5, 2, 3, 4};
+  std::vector<double> link_efficiency{0.6, 0.7, 0.8, 0.9};
+  std::vector<double> gemm_efficiency_ampere = steps(0.55, 0.025, 17);
+  std::vector<double> gemm_efficiency_hopper = steps(0.40, 0.025, 17);
+
+  static std::vector<double> steps(double first, double step, int count) {
+    std::vector<double> v;
+    for (int i = 0; i < count; ++i) v.push_back(first + step * i);
+    return v;
+  }
+};
+
+/// Whether error `a` is better than `b` for the fit: both targets matter, so it minimises the
+/// larger of mean / 10 % and worst / 25 %, then the mean.
+inline bool better_fit(const mfu_error& a, const mfu_error& b) noexcept {
+  const double ka = std::max(a.mean / 0.10, a.worst / 0.25), kb = std::max(b.mean / 0.10, b.worst / 0.25);
+  return ka < kb - 1e-12 || (std::abs(ka - kb) <= 1e-12 && a.mean < b.mean);
+}
+
+/// Fits the calibration constants on `runs` by a grid search over `grid`, starting from (and
+/// keeping the unfitted fields of) `start`. A GPU generation without a run in `runs` gets the
+/// other generation's fitted efficiency: nothing in the data says otherwise, and keeping `start`'s
+/// value would carry over what was fitted on the runs left out.
+inline calibration fit_calibration(const std::vector<published_run>& runs, const calibration& start = default_calibration,
+                                   const calibration_grid& grid = {}) {
+  bool ampere = false, hopper = false;
+  for (const published_run& r : runs) {
+    const bool h = r.gpu.architecture == gpu_architecture::hopper || r.gpu.architecture == gpu_architecture::blackwell;
+    (h ? hopper : ampere) = true;
+  }
+  const std::vector<double> keep_ampere{start.gemm_efficiency_ampere}, keep_hopper{start.gemm_efficiency_hopper};
+  calibration best = start;
+  mfu_error best_error = mfu_error_of(runs, best);
+  for (double half : grid.gemm_half_size)
+    for (double passes : grid.elementwise_passes)
+      for (double link : grid.link_efficiency)
+        for (double a : ampere ? grid.gemm_efficiency_ampere : keep_ampere)
+          for (double h : hopper ? grid.gemm_efficiency_hopper : keep_hopper) {
+            calibration c = start;
+            c.gemm_half_size = half;
+            c.elementwise_passes = passes;
+            c.link_efficiency = link;
+            c.gemm_efficiency_ampere = a;
+            c.gemm_efficiency_hopper = h;
+            const mfu_error e = mfu_error_of(runs, c);
+            if (better_fit(e, best_error)) {
+              best_error = e;
+              best = c;
+            }
+          }
+  if (!hopper) best.gemm_efficiency_hopper = best.gemm_efficiency_ampere;
+  if (!ampere) best.gemm_efficiency_ampere = best.gemm_efficiency_hopper;
+  return best;
+}
+
+/// One fold of leave-one-source-out validation: the constants fitted without `source`, and the
+/// errors they give on its runs, which the fit never saw.
+struct source_holdout {
+  std::string source;
+  int runs = 0;
+  calibration fitted{};
+  mfu_error left_out{};             ///< on the source's runs
+  std::vector<double> errors;       ///< signed, per run of the source, in file order
+};
+
+/// Leave-one-source-out validation: for each source, fit on the others and predict it.
+inline std::vector<source_holdout> leave_one_source_out(const std::vector<published_run>& runs,
+                                                        const calibration& start = default_calibration,
+                                                        const calibration_grid& grid = {}) {
+  std::vector<std::string> sources;
+  for (const published_run& r : runs)
+    if (std::find(sources.begin(), sources.end(), r.source) == sources.end()) sources.push_back(r.source);
+  std::vector<source_holdout> folds;
+  for (const std::string& source : sources) {
+    std::vector<published_run> train, test;
+    for (const published_run& r : runs) (r.source == source ? test : train).push_back(r);
+    source_holdout fold;
+    fold.source = source;
+    fold.runs = static_cast<int>(test.size());
+    fold.fitted = fit_calibration(train, start, grid);
+    fold.left_out = mfu_error_of(test, fold.fitted);
+    for (const published_run& r : test) fold.errors.push_back(predicted_published_mfu(r, fold.fitted) / r.published_mfu - 1);
+    folds.push_back(std::move(fold));
+  }
+  return folds;
 }
 
 }  // namespace weft::tune

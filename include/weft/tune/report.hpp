@@ -28,9 +28,9 @@ inline std::string gigabytes(double bytes) { return format("%.1f GB", bytes / 1e
 }  // namespace detail
 
 /// "tp=2 cp=1 pp=4 dp=16 vp=3 mb=1 recompute=none sharding=optimizer".
-inline std::string describe(const layout& l) {
-  return "tp=" + std::to_string(l.tp) + " cp=" + std::to_string(l.cp) + " pp=" + std::to_string(l.pp) +
-         " dp=" + std::to_string(l.dp) + " vp=" + std::to_string(l.vp) + " mb=" + std::to_string(l.micro_batch) +
+inline std::string describe(const layout_choice& l) {
+  return "tp=" + std::to_string(l.parallel.tp) + " cp=" + std::to_string(l.parallel.cp) + " pp=" + std::to_string(l.parallel.pp) +
+         " dp=" + std::to_string(l.parallel.dp) + " vp=" + std::to_string(l.parallel.virtual_stages) + " mb=" + std::to_string(l.micro_batch) +
          " recompute=" + std::string(to_string(l.recompute_mode)) +
          " sharding=" + std::string(to_string(l.sharding_mode)) + (l.sequence_parallel ? " sp" : "");
 }
@@ -53,7 +53,8 @@ inline std::string describe_memory(const memory_breakdown& m) {
          ", logits " + g(m.logits) + ")";
 }
 
-/// A human-readable table of plans, best first.
+/// A human-readable table of plans, best first. A rank written "2=" ties with the plan above it
+/// (the same predicted step time); of tied plans the simpler layout is listed first (see search).
 inline std::string format_table(const std::vector<plan>& plans) {
   std::string out;
   char line[512];
@@ -61,13 +62,17 @@ inline std::string format_table(const std::vector<plan>& plans) {
                 "rank", "tp", "cp", "pp", "dp", "vp", "mb", "recompute", "sharding", "mfu", "tokens/s", "step_s",
                 "mem_GB", "tp_%", "pp_%", "bubble%", "dp_%", "days", "cost");
   out += line;
-  int rank = 1;
-  for (const plan& p : plans) {
-    const layout& l = p.config;
+  int rank = 0;
+  for (std::size_t i = 0; i < plans.size(); ++i) {
+    const plan& p = plans[i];
+    const layout_choice& l = p.config;
     const double s = p.time.step;
+    const bool tied = i > 0 && s == plans[i - 1].time.step;
+    if (!tied) rank = static_cast<int>(i) + 1;
+    const std::string rank_text = std::to_string(rank) + (tied ? "=" : "");
     std::snprintf(line, sizeof line,
-                  "%-4d %3d %3d %4d %5d %3d %3d %-9s %-9s %5.1f%% %12.4g %9.3f %9.1f %7.1f %7.1f %7.1f %7.1f %9.2f %11.4g\n",
-                  rank++, l.tp, l.cp, l.pp, l.dp, l.vp, l.micro_batch, std::string(to_string(l.recompute_mode)).c_str(),
+                  "%-4s %3d %3d %4d %5d %3d %3d %-9s %-9s %5.1f%% %12.4g %9.3f %9.1f %7.1f %7.1f %7.1f %7.1f %9.2f %11.4g\n",
+                  rank_text.c_str(), l.parallel.tp, l.parallel.cp, l.parallel.pp, l.parallel.dp, l.parallel.virtual_stages, l.micro_batch, std::string(to_string(l.recompute_mode)).c_str(),
                   std::string(to_string(l.sharding_mode)).c_str(), 100 * p.mfu, p.tokens_per_s, s,
                   p.memory.total / 1e9, 100 * p.time.tp_comm / s, 100 * p.time.pp_comm / s, 100 * p.time.bubble / s,
                   100 * p.time.dp_comm / s, p.days, p.cost);
@@ -101,10 +106,10 @@ inline std::string json_string(std::string_view text) {
 /// One plan as a JSON object.
 inline std::string to_json(const plan& p) {
   using detail::json_number;
-  const layout& l = p.config;
+  const layout_choice& l = p.config;
   std::string o = "{";
-  o += "\"tp\": " + std::to_string(l.tp) + ", \"cp\": " + std::to_string(l.cp) + ", \"pp\": " + std::to_string(l.pp) +
-       ", \"dp\": " + std::to_string(l.dp) + ", \"vp\": " + std::to_string(l.vp) +
+  o += "\"tp\": " + std::to_string(l.parallel.tp) + ", \"cp\": " + std::to_string(l.parallel.cp) + ", \"pp\": " + std::to_string(l.parallel.pp) +
+       ", \"dp\": " + std::to_string(l.parallel.dp) + ", \"vp\": " + std::to_string(l.parallel.virtual_stages) +
        ", \"micro_batch\": " + std::to_string(l.micro_batch) + ", \"micro_batches\": " + std::to_string(p.micro_batches) +
        ", \"recompute\": \"" + std::string(to_string(l.recompute_mode)) + "\", \"sharding\": \"" +
        std::string(to_string(l.sharding_mode)) + "\", \"sequence_parallel\": " + (l.sequence_parallel ? "true" : "false");
@@ -156,6 +161,7 @@ inline std::string main_loss(const plan& better, const plan& loser, const std::s
       {"exposed data-parallel communication takes", a.dp_comm / a.step, z.dp_comm / z.step},
       {"the context-parallel exchange takes", a.cp_comm / a.step, z.cp_comm / z.step},
       {"recomputation takes", a.recompute / a.step, z.recompute / z.step},
+      {"the optimizer step takes", a.optimizer / a.step, z.optimizer / z.step},
   };
   const part* worst = nullptr;
   for (const part& p : parts)
@@ -178,7 +184,7 @@ inline std::string main_loss(const plan& better, const plan& loser, const std::s
 inline explanation explain(const plan& winner, const model_desc& model, const cluster_desc& cluster, const job_desc& job,
                            const search_options& options = {}, const std::string& reference = "best") {
   explanation e;
-  const layout& w = winner.config;
+  const layout_choice& w = winner.config;
   e.summary = (reference == "best" ? "Best: " : "Evaluated: ") + describe(w) + ": MFU " + detail::percent(winner.mfu) + ", " +
               detail::format("%.4g", winner.tokens_per_s) + " tokens/s, step " + detail::format("%.3g", winner.time.step) +
               " s.\n  Step time: " + describe_time(winner.time) + ".\n  Memory per GPU: " + describe_memory(winner.memory) +
@@ -194,8 +200,8 @@ inline explanation explain(const plan& winner, const model_desc& model, const cl
     if (!r.plans.empty()) {
       alt.best = r.plans.front();
       const plan& p = *alt.best;
-      auto same = [](const layout& x, const layout& y) {
-        return x.tp == y.tp && x.cp == y.cp && x.pp == y.pp && x.dp == y.dp && x.vp == y.vp &&
+      auto same = [](const layout_choice& x, const layout_choice& y) {
+        return x.parallel.tp == y.parallel.tp && x.parallel.cp == y.parallel.cp && x.parallel.pp == y.parallel.pp && x.parallel.dp == y.parallel.dp && x.parallel.virtual_stages == y.parallel.virtual_stages &&
                x.micro_batch == y.micro_batch && x.recompute_mode == y.recompute_mode && x.sharding_mode == y.sharding_mode;
       };
       for (const alternative& seen : e.alternatives)
@@ -222,14 +228,42 @@ inline explanation explain(const plan& winner, const model_desc& model, const cl
   const int node = cluster.node.gpus_per_node;
   consider("pure data parallel (tp=1, pp=1, cp=1)", {.tp = 1, .cp = 1, .pp = 1});
   if (node > 1) consider(std::to_string(node) + "-way TP (a whole node), no pipeline", {.tp = node, .pp = 1});
-  if (w.tp > 1) consider("half the TP (tp=" + std::to_string(w.tp / 2) + ")", {.tp = w.tp / 2});
-  if (w.tp * 2 <= node && w.tp * 2 != node) consider("twice the TP (tp=" + std::to_string(w.tp * 2) + ")", {.tp = w.tp * 2});
-  if (w.pp > 1) consider("no pipeline (pp=1)", {.pp = 1});
-  consider("twice the pipeline depth (pp=" + std::to_string(w.pp * 2) + ")", {.pp = w.pp * 2});
+  if (w.parallel.tp > 1) consider("half the TP (tp=" + std::to_string(w.parallel.tp / 2) + ")", {.tp = w.parallel.tp / 2});
+  if (w.parallel.tp * 2 <= node && w.parallel.tp * 2 != node) consider("twice the TP (tp=" + std::to_string(w.parallel.tp * 2) + ")", {.tp = w.parallel.tp * 2});
+  if (w.parallel.pp > 1) consider("no pipeline (pp=1)", {.pp = 1});
+  consider("twice the pipeline depth (pp=" + std::to_string(w.parallel.pp * 2) + ")", {.pp = w.parallel.pp * 2});
   if (w.recompute_mode != recompute::none) consider("no recomputation", {.recompute_mode = recompute::none});
   if (w.recompute_mode != recompute::full) consider("full recomputation", {.recompute_mode = recompute::full});
   if (w.sharding_mode != sharding::none) consider("no sharding", {.sharding_mode = sharding::none});
   return e;
+}
+
+/// The answer a user wants first, on one line: the best layout, its days and cost for the job's
+/// tokens (when given), and why: its nearest alternative in `e` and what that one loses to.
+/// "Best: tp=1 ... for 1e+12 tokens: 16.9 days, cost 6.48e+04 (MFU 50.0 %); the closest
+/// alternative, twice the TP (tp=2), is 6.0 % slower: TP collectives take 5.3 % of its step (best: 0.0 %)."
+inline std::string headline(const plan& best, const explanation& e, const job_desc& job) {
+  std::string line = "Best: " + describe(best.config);
+  if (job.tokens > 0) {
+    line += " for " + detail::format("%.3g", job.tokens) + " tokens: " + detail::format("%.3g", best.days) + " days";
+    if (best.cost > 0) line += ", cost " + detail::format("%.4g", best.cost);
+    line += " (MFU " + detail::percent(best.mfu) + ")";
+  } else {
+    line += ": MFU " + detail::percent(best.mfu) + ", step " + detail::format("%.3g", best.time.step) + " s";
+  }
+  const alternative* closest = nullptr;
+  for (const alternative& a : e.alternatives)
+    if (a.best && a.best->tokens_per_s <= best.tokens_per_s &&
+        (!closest || a.best->tokens_per_s > closest->best->tokens_per_s))
+      closest = &a;
+  if (closest) {
+    line += "; the closest alternative, " + closest->name + ", is " +
+            detail::percent(best.tokens_per_s / closest->best->tokens_per_s - 1) + " slower: " +
+            detail::main_loss(best, *closest->best, "best") + ".";
+  } else {
+    line += "; no usual alternative fits in memory.";
+  }
+  return line;
 }
 
 /// The explanation as text.

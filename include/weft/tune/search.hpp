@@ -7,8 +7,10 @@
 
 #include <array>
 #include <optional>
+#include <string>
 #include <vector>
 
+#include <weft/layout/model_shape.hpp>
 #include <weft/tune/cost_model.hpp>
 
 namespace weft::tune {
@@ -77,7 +79,10 @@ constexpr bool keep(int fixed, int value) noexcept { return fixed == 0 || fixed 
 /// Rules: tp divides the heads and the key/value heads and fits in a node; cp splits the sequence
 /// into 2 cp chunks; pp x vp divides the layers (unless allow_uneven_stages); dp x micro-batch
 /// divides the global batch; at least pp micro-batches per step (a multiple of pp when
-/// interleaved); the busiest stage fits in memory. Throws weft::error for an unusable model or job.
+/// interleaved); the busiest stage fits in memory. The divisibility rules are weft::layout's
+/// (model_shape.hpp). Plans with equal step times stay in the order the loops meet them, smaller
+/// tp, cp and pp first: of tied layouts the simpler ranks higher. Throws weft::error for an
+/// unusable model or job.
 inline search_result search(const model_desc& model, const cluster_desc& cluster, const job_desc& job,
                             const search_options& options = {}) {
   check_model(model);
@@ -95,15 +100,17 @@ inline search_result search(const model_desc& model, const cluster_desc& cluster
   const double usable = ev.usable_memory();
 
   for (int tp = 1; tp <= cluster.node.gpus_per_node; ++tp) {
-    if (cluster.node.gpus_per_node % tp || model.heads % tp || kv % tp || gpus % tp || !detail::keep(fx.tp, tp)) continue;
+    if (cluster.node.gpus_per_node % tp || !weft::layout::tp_splits_heads(model.heads, kv, tp) || gpus % tp ||
+        !detail::keep(fx.tp, tp))
+      continue;
     const bool sp = sw.sequence_parallel && tp > 1;
     const int max_cp = sw.context_parallel ? options.max_cp : 1;
     for (int cp = 1; cp <= max_cp && tp * cp <= gpus; cp *= 2) {
-      if ((gpus / tp) % cp || (cp > 1 && model.seq % (2 * cp)) || !detail::keep(fx.cp, cp)) continue;
+      if ((gpus / tp) % cp || !weft::layout::cp_splits_sequence(model.seq, cp) || !detail::keep(fx.cp, cp)) continue;
       const int rest = gpus / (tp * cp);
       for (int pp = 1; pp <= rest && pp <= model.layers; ++pp) {
         if (rest % pp || !detail::keep(fx.pp, pp)) continue;
-        if (!options.allow_uneven_stages && model.layers % pp) continue;
+        if (!options.allow_uneven_stages && !weft::layout::pp_splits_layers(model.layers, pp, 1)) continue;
         const int dp = rest / pp;
         if (!detail::keep(fx.dp, dp) || batch % dp) continue;
         const int per_dp = batch / dp;  // sequences per pipeline per step
@@ -120,18 +127,18 @@ inline search_result search(const model_desc& model, const cluster_desc& cluster
             if (shard != sharding::none && dp * cp == 1) continue;  // nothing to shard over
             for (int vp = 1; vp <= (pp > 1 && sw.interleaved_schedule ? options.max_vp : 1); ++vp) {
               if (!detail::keep(fx.vp, vp)) continue;
-              if (vp > 1 && ((model.layers % (pp * vp) && !options.allow_uneven_stages) || pp * vp > model.layers ||
-                             m % pp))
+              if (vp > 1 && ((!weft::layout::pp_splits_layers(model.layers, pp, vp) && !options.allow_uneven_stages) ||
+                             pp * vp > model.layers || m % pp))
                 continue;
-              if (vp == 1 && !options.allow_uneven_stages && model.layers % pp) continue;
               for (int rc = 0; rc <= 2; ++rc) {
                 const auto mode = static_cast<recompute>(rc);
                 if (fx.recompute_mode && *fx.recompute_mode != mode) continue;
                 // Selective recomputation only saves the attention scores a fused kernel never stores.
                 if (mode == recompute::selective && sw.flash_attention && !fx.recompute_mode) continue;
                 if (mode == recompute::selective && !sw.selective_recompute && !fx.recompute_mode) continue;
-                const layout l{.tp = tp, .cp = cp, .pp = pp, .dp = dp, .vp = vp, .micro_batch = mb,
-                               .recompute_mode = mode, .sharding_mode = shard, .sequence_parallel = sp};
+                const layout_choice l{
+                    .parallel = {.world_size = gpus, .tp = tp, .cp = cp, .pp = pp, .dp = dp, .virtual_stages = vp},
+                    .micro_batch = mb, .recompute_mode = mode, .sharding_mode = shard, .sequence_parallel = sp};
                 ++result.layouts_valid;
                 const memory_breakdown mem = ev.memory(l, costs);
                 if (mem.total > usable) {
@@ -156,6 +163,25 @@ inline search_result search(const model_desc& model, const cluster_desc& cluster
   result.plans = best.take();
   if (!result.plans.empty()) result.smallest.reset();
   return result;
+}
+
+/// The best plan of `search`, for a trainer that goes straight to its process groups:
+///   auto plan = weft::tune::best(model, cluster, job);
+///   weft::process_groups groups(world, plan.layout());
+/// Throws weft::error when no layout fits in memory, naming the one that came closest.
+inline plan best(const model_desc& model, const cluster_desc& cluster, const job_desc& job,
+                 search_options options = {}) {
+  options.top = 1;
+  search_result r = search(model, cluster, job, options);
+  if (r.plans.empty()) {
+    std::string message = "tune: no layout of " + std::to_string(gpu_count(cluster)) + " GPUs fits this model in memory";
+    if (r.smallest)
+      message += "; the closest needs " + std::to_string(static_cast<long long>(r.smallest->memory.total / 1e9)) +
+                 " GB per GPU of " + std::to_string(static_cast<long long>(r.smallest->memory.usable / 1e9)) +
+                 " GB usable: use more GPUs, a smaller micro-batch or sequence, or allow sharding";
+    fail(message);
+  }
+  return r.plans.front();
 }
 
 }  // namespace weft::tune

@@ -1,0 +1,210 @@
+#pragma once
+/// \file
+/// A measured hardware description: what `weft-plan --probe FILE` measures on the ranks it runs on
+/// (GEMM throughput at the model's shapes, collective bus bandwidths inside and across nodes,
+/// point-to-point bandwidth and latency, memory bandwidth and capacity) and what `--hardware FILE`
+/// reads in place of a GPU preset. `predict` is the cost model on such a description: the step
+/// time of one layout, for comparisons with measured step times.
+///
+/// File format (JSON, `"format": "weft.hardware.v1"`; units: FLOP/s, bytes, bytes/s, seconds):
+///   name, ranks_per_node, nodes, memory_bytes (per rank), memory_bandwidth (per rank, all ranks
+///   streaming at once), gemm_peak_flops and gemm_half_size (the fit of the GEMM samples),
+///   gemm_samples [[smallest dimension, FLOP/s], ...], intra_node / across_nodes {all_reduce,
+///   all_gather, reduce_scatter: bus bandwidth; latency}, p2p {bandwidth, latency}.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <weft/core/error.hpp>
+#include <weft/trace/detail/json.hpp>
+#include <weft/tune/cost_model.hpp>
+#include <weft/tune/report.hpp>
+
+namespace weft::tune {
+
+/// Collective bus bandwidths (the nccl-tests convention: the bytes each rank moves over the link
+/// per second, so a ring all-reduce of `b` bytes over `n` ranks takes 2 (n - 1)/n b / bandwidth).
+struct link_measurement {
+  double all_reduce = 0;
+  double all_gather = 0;
+  double reduce_scatter = 0;
+  double latency = 0;  ///< per ring step: half the round trip of a small message
+};
+
+/// One GEMM timing: the GEMM's smallest dimension and the FLOP/s it ran at.
+struct gemm_sample {
+  double smallest_dimension = 0;
+  double flops_per_s = 0;
+};
+
+/// The hardware as measured by the probe.
+struct measured_hardware {
+  std::string name;                ///< what was measured (host, rank count)
+  int ranks_per_node = 1;
+  int nodes = 1;
+  double memory_bytes = 0;         ///< per rank
+  double memory_bandwidth = 0;     ///< per rank, every rank streaming at once
+  double gemm_peak_flops = 0;      ///< large-GEMM throughput per rank (fit of gemm_samples)
+  double gemm_half_size = 0;       ///< smallest dimension at half that throughput (fit)
+  std::vector<gemm_sample> gemm_samples;
+  link_measurement intra_node;     ///< among the ranks of one node
+  link_measurement across_nodes;   ///< among one rank per node (equal to intra_node on one node)
+  double p2p_bandwidth = 0;        ///< one direction, large messages
+  double p2p_latency = 0;          ///< one way, small messages
+};
+
+/// Fits the cost model's GEMM curve, time = F (d + d_half) / (peak d), to samples by least squares
+/// on 1 / throughput = 1/peak + (d_half/peak) / d. Returns {peak, d_half}; d_half is 0 when the
+/// samples do not slow down with smaller d.
+inline std::pair<double, double> fit_gemm_curve(const std::vector<gemm_sample>& samples) {
+  if (samples.empty()) fail("tune: no GEMM samples to fit");
+  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+  const double n = static_cast<double>(samples.size());
+  for (const gemm_sample& s : samples) {
+    if (s.smallest_dimension <= 0 || s.flops_per_s <= 0) fail("tune: a GEMM sample has no size or no throughput");
+    const double x = 1 / s.smallest_dimension, y = 1 / s.flops_per_s;
+    sx += x;
+    sy += y;
+    sxx += x * x;
+    sxy += x * y;
+  }
+  const double denominator = n * sxx - sx * sx;
+  double slope = denominator > 0 ? (n * sxy - sx * sy) / denominator : 0;
+  double intercept = (sy - slope * sx) / n;
+  if (slope <= 0 || intercept <= 0) {  // no size effect measurable: one throughput for all sizes
+    slope = 0;
+    intercept = sy / n;
+  }
+  return {1 / intercept, slope / intercept};
+}
+
+/// The cluster the cost model sees: one "GPU" per rank with the measured GEMM peak and memory, the
+/// node's links at the measured all-reduce bus bandwidth (the model halves `intra_bandwidth`,
+/// which it takes as both directions together) and latencies.
+inline cluster_desc cluster_of(const measured_hardware& hw) {
+  cluster_desc c;
+  c.gpu = {.name = "measured", .architecture = gpu_architecture::ampere, .peak_bf16 = hw.gemm_peak_flops, .peak_fp8 = 0,
+           .memory_bytes = hw.memory_bytes, .memory_bandwidth = hw.memory_bandwidth};
+  c.node = {.gpus_per_node = hw.ranks_per_node, .intra_bandwidth = 2 * hw.intra_node.all_reduce,
+            .intra_latency = hw.intra_node.latency, .network_bandwidth = hw.across_nodes.all_reduce,
+            .network_latency = hw.across_nodes.latency};
+  c.nodes = hw.nodes;
+  return c;
+}
+
+/// The calibration on measured hardware: the measured GEMM curve replaces the fitted efficiency
+/// and half size, links run at their measured bus bandwidth, and no device memory is reserved
+/// (the reserve is a GPU's CUDA context and NCCL buffers). The elementwise passes stay fitted.
+inline calibration calibration_of(const measured_hardware& hw, calibration base = default_calibration) {
+  base.gemm_efficiency_ampere = 1;
+  base.gemm_efficiency_hopper = 1;
+  base.gemm_half_size = hw.gemm_half_size;
+  base.gemm_half_size_follows_ridge = false;  // measured on this hardware
+  base.link_efficiency = 1;
+  base.memory_reserve = 0;
+  return base;
+}
+
+/// The prediction for one layout on measured hardware: `predict(...).time.step` is the step time
+/// in seconds, `.memory` the memory per rank. The layout's world size must be the description's
+/// ranks (ranks_per_node x nodes). Throws weft::error for an invalid layout.
+inline plan predict(const model_desc& model, const measured_hardware& hw, const job_desc& job,
+                    const layout_choice& choice, const software_desc& software = {}) {
+  return evaluate(model, cluster_of(hw), job, choice, software, calibration_of(hw));
+}
+
+namespace detail {
+
+inline std::string link_json(const link_measurement& l) {
+  return "{\"all_reduce\": " + json_number(l.all_reduce) + ", \"all_gather\": " + json_number(l.all_gather) +
+         ", \"reduce_scatter\": " + json_number(l.reduce_scatter) + ", \"latency\": " + json_number(l.latency) + "}";
+}
+
+}  // namespace detail
+
+/// The description as the JSON file `read_hardware` reads.
+inline std::string to_json(const measured_hardware& hw) {
+  using detail::json_number;
+  std::string o = "{\n  \"format\": \"weft.hardware.v1\",\n  \"name\": " + detail::json_string(hw.name) +
+                  ",\n  \"ranks_per_node\": " + std::to_string(hw.ranks_per_node) +
+                  ",\n  \"nodes\": " + std::to_string(hw.nodes) + ",\n  \"memory_bytes\": " + json_number(hw.memory_bytes) +
+                  ",\n  \"memory_bandwidth\": " + json_number(hw.memory_bandwidth) +
+                  ",\n  \"gemm_peak_flops\": " + json_number(hw.gemm_peak_flops) +
+                  ",\n  \"gemm_half_size\": " + json_number(hw.gemm_half_size) + ",\n  \"gemm_samples\": [";
+  for (std::size_t i = 0; i < hw.gemm_samples.size(); ++i)
+    o += std::string(i ? ", " : "") + "[" + json_number(hw.gemm_samples[i].smallest_dimension) + ", " +
+         json_number(hw.gemm_samples[i].flops_per_s) + "]";
+  o += "],\n  \"intra_node\": " + detail::link_json(hw.intra_node) +
+       ",\n  \"across_nodes\": " + detail::link_json(hw.across_nodes) +
+       ",\n  \"p2p\": {\"bandwidth\": " + json_number(hw.p2p_bandwidth) + ", \"latency\": " + json_number(hw.p2p_latency) +
+       "}\n}\n";
+  return o;
+}
+
+/// Parses a hardware description; throws weft::error naming the missing or wrong field.
+inline measured_hardware parse_hardware(std::string_view text, const std::string& origin = "hardware description") {
+  using weft::trace::detail::json_object;
+  using weft::trace::detail::json_value;
+  const json_value doc = weft::trace::detail::parse_json(text);
+  if (!doc.is_object()) fail("tune: " + origin + " is not a JSON object");
+  auto field = [&](const json_object& o, const std::string& name, const std::string& where) -> const json_value& {
+    auto it = o.find(name);
+    if (it == o.end()) fail("tune: " + origin + " has no '" + where + name + "'; write it with weft-plan --probe");
+    return it->second;
+  };
+  auto positive = [&](const json_object& o, const std::string& name, const std::string& where = "") {
+    const json_value& v = field(o, name, where);
+    if (!v.is_number() || !(v.number() > 0))
+      fail("tune: " + origin + ": '" + where + name + "' must be a positive number");
+    return v.number();
+  };
+  const json_object& o = doc.object();
+  const json_value& format = field(o, "format", "");
+  if (!format.is_string() || format.string() != "weft.hardware.v1")
+    fail("tune: " + origin + " is not a weft.hardware.v1 description (field 'format')");
+  measured_hardware hw;
+  if (auto it = o.find("name"); it != o.end() && it->second.is_string()) hw.name = it->second.string();
+  hw.ranks_per_node = static_cast<int>(positive(o, "ranks_per_node"));
+  hw.nodes = static_cast<int>(positive(o, "nodes"));
+  hw.memory_bytes = positive(o, "memory_bytes");
+  hw.memory_bandwidth = positive(o, "memory_bandwidth");
+  hw.gemm_peak_flops = positive(o, "gemm_peak_flops");
+  const json_value& half = field(o, "gemm_half_size", "");
+  if (!half.is_number() || half.number() < 0) fail("tune: " + origin + ": 'gemm_half_size' must be a number >= 0");
+  hw.gemm_half_size = half.number();
+  if (auto it = o.find("gemm_samples"); it != o.end() && it->second.is_array())
+    for (const json_value& s : it->second.array())
+      if (s.is_array() && s.array().size() == 2 && s.array()[0].is_number() && s.array()[1].is_number())
+        hw.gemm_samples.push_back({s.array()[0].number(), s.array()[1].number()});
+  auto link = [&](const std::string& name) {
+    const json_value& v = field(o, name, "");
+    if (!v.is_object()) fail("tune: " + origin + ": '" + name + "' must be an object");
+    const json_object& l = v.object();
+    return link_measurement{positive(l, "all_reduce", name + "."), positive(l, "all_gather", name + "."),
+                            positive(l, "reduce_scatter", name + "."), positive(l, "latency", name + ".")};
+  };
+  hw.intra_node = link("intra_node");
+  hw.across_nodes = link("across_nodes");
+  const json_value& p2p = field(o, "p2p", "");
+  if (!p2p.is_object()) fail("tune: " + origin + ": 'p2p' must be an object");
+  hw.p2p_bandwidth = positive(p2p.object(), "bandwidth", "p2p.");
+  hw.p2p_latency = positive(p2p.object(), "latency", "p2p.");
+  return hw;
+}
+
+/// Reads a hardware description written by `weft-plan --probe`.
+inline measured_hardware read_hardware(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) fail("tune: cannot open hardware description '" + path + "'; write one with weft-plan --probe " + path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse_hardware(text.str(), "'" + path + "'");
+}
+
+}  // namespace weft::tune

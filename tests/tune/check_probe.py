@@ -1,0 +1,57 @@
+"""Runs weft-plan --probe on 2 ranks, then plans with the description it wrote (--hardware).
+
+Usage: check_probe.py MPIEXEC path/to/weft-plan WORK_DIR
+"""
+import json
+import os
+import subprocess
+import sys
+
+MPIEXEC, PLAN, WORK = sys.argv[1], sys.argv[2], sys.argv[3]
+os.makedirs(WORK, exist_ok=True)
+HW = os.path.join(WORK, "hardware.json")
+MODEL = ["--layers", "4", "--hidden", "256", "--heads", "8", "--seq", "128", "--vocab", "1024"]
+failures = []
+
+
+def check(condition, message):
+    if not condition:
+        failures.append(message)
+
+
+if os.path.exists(HW):
+    os.remove(HW)
+r = subprocess.run([MPIEXEC, "-n", "2", "--oversubscribe", "--bind-to", "none", PLAN, "--probe", HW, *MODEL],
+                   capture_output=True, text=True, timeout=240)
+if r.returncode != 0 or not os.path.exists(HW):
+    print(f"FAILED: probe exit {r.returncode}, no {HW}: {r.stderr}")
+    sys.exit(1)
+hw = json.load(open(HW))
+check(hw["format"] == "weft.hardware.v1" and hw["ranks_per_node"] * hw["nodes"] == 2, f"description: {hw}")
+for key in ("memory_bytes", "memory_bandwidth", "gemm_peak_flops"):
+    check(hw[key] > 0, f"{key} measured")
+for key in ("all_reduce", "all_gather", "reduce_scatter", "latency"):
+    check(hw["intra_node"][key] > 0, f"intra_node.{key} measured")
+check(hw["p2p"]["bandwidth"] > 0 and hw["p2p"]["latency"] > 0, "p2p measured")
+# Each GEMM sample is a throughput a CPU core can reach: between 1 MFLOP/s and 1 TFLOP/s.
+check(all(1e6 < flops < 1e12 for _, flops in hw["gemm_samples"]), f"GEMM samples {hw['gemm_samples']}")
+
+# The description replaces --gpu: a search over its 2 ranks, and one layout evaluated.
+r = subprocess.run([PLAN, *MODEL, "--hardware", HW, "--global-batch", "8", "--json"], capture_output=True, text=True,
+                   timeout=60)
+check(r.returncode == 0, f"--hardware search exit {r.returncode}: {r.stderr}")
+plans = json.loads(r.stdout)["plans"]
+check(all(p["tp"] * p["cp"] * p["pp"] * p["dp"] == 2 for p in plans), "plans use the description's 2 ranks")
+r = subprocess.run([PLAN, *MODEL, "--hardware", HW, "--gpu", "H100", "--global-batch", "8"], capture_output=True,
+                   text=True, timeout=60)
+check(r.returncode == 2 and "replaces --gpu" in r.stderr, f"--hardware with --gpu: {r.stderr!r}")
+bad = os.path.join(WORK, "bad.json")
+with open(bad, "w") as f:
+    json.dump({k: v for k, v in hw.items() if k != "p2p"}, f)
+r = subprocess.run([PLAN, *MODEL, "--hardware", bad, "--global-batch", "8"], capture_output=True, text=True, timeout=60)
+check(r.returncode == 2 and "no 'p2p'" in r.stderr, f"description without p2p: {r.stderr!r}")
+
+if failures:
+    print("FAILED:\n  " + "\n  ".join(failures))
+    sys.exit(1)
+print("weft-plan --probe / --hardware: all checks passed")

@@ -1,0 +1,80 @@
+// Measured hardware descriptions (weft-plan --probe / --hardware): the GEMM curve fit, the file's
+// round trip and its errors, and the prediction on measured hardware against a hand computation.
+
+#include <catch2/catch.hpp>
+
+#include <weft/tune/hardware_file.hpp>
+
+using namespace weft::tune;
+
+namespace {
+
+measured_hardware sample_hardware() {
+  measured_hardware hw;
+  hw.name = "test \"box\"";
+  hw.ranks_per_node = 4;
+  hw.nodes = 2;
+  hw.memory_bytes = 6e9;
+  hw.memory_bandwidth = 2e9;
+  hw.gemm_peak_flops = 1e9;
+  hw.gemm_half_size = 32;
+  hw.gemm_samples = {{64, 6.6e8}, {256, 8.8e8}};
+  hw.intra_node = {4e8, 5e8, 3e8, 6e-6};
+  hw.across_nodes = {1e8, 1.2e8, 0.9e8, 2e-5};
+  hw.p2p_bandwidth = 1e9;
+  hw.p2p_latency = 8e-6;
+  return hw;
+}
+
+}  // namespace
+
+TEST_CASE("the GEMM curve fit recovers the peak and half size the samples were made with") {
+  const double peak = 2.5e9, half = 96;
+  std::vector<gemm_sample> samples;
+  for (double d : {32.0, 64.0, 128.0, 512.0, 2048.0}) samples.push_back({d, peak * d / (d + half)});
+  const auto [fitted_peak, fitted_half] = fit_gemm_curve(samples);
+  CHECK(fitted_peak == Approx(peak).epsilon(1e-9));
+  CHECK(fitted_half == Approx(half).epsilon(1e-9));
+  // No size effect (or a reversed one): one throughput, the harmonic mean, and no half size.
+  const auto [flat_peak, flat_half] = fit_gemm_curve({{64, 1e9}, {128, 0.5e9}});
+  CHECK(flat_half == 0);
+  CHECK(flat_peak == Approx(2.0 / (1 / 1e9 + 1 / 0.5e9)));
+  CHECK_THROWS_AS(fit_gemm_curve({}), weft::error);
+}
+
+TEST_CASE("a hardware description reads back what was written, and bad files say what is wrong") {
+  const measured_hardware hw = sample_hardware();
+  const measured_hardware back = parse_hardware(to_json(hw));
+  CHECK(back.name == hw.name);
+  CHECK(back.ranks_per_node == 4);
+  CHECK(back.nodes == 2);
+  CHECK(back.gemm_peak_flops == hw.gemm_peak_flops);
+  CHECK(back.gemm_half_size == hw.gemm_half_size);
+  REQUIRE(back.gemm_samples.size() == 2);
+  CHECK(back.gemm_samples[1].flops_per_s == hw.gemm_samples[1].flops_per_s);
+  CHECK(back.across_nodes.reduce_scatter == hw.across_nodes.reduce_scatter);
+  CHECK(back.p2p_latency == hw.p2p_latency);
+  std::string text = to_json(hw);
+  CHECK_THROWS_WITH(parse_hardware(text.replace(text.find("\"p2p\""), 5, "\"p2q\"")), Catch::Contains("no 'p2p'"));
+  CHECK_THROWS_WITH(parse_hardware("{\"format\": \"other\"}"), Catch::Contains("not a weft.hardware.v1"));
+  CHECK_THROWS_WITH(read_hardware("/nonexistent/hw.json"), Catch::Contains("weft-plan --probe"));
+}
+
+TEST_CASE("on measured hardware, compute time is the model's FLOPs at the measured GEMM throughput") {
+  measured_hardware hw = sample_hardware();
+  hw.gemm_half_size = 0;        // every GEMM at the measured peak
+  hw.memory_bandwidth = 1e300;  // no elementwise or optimizer time
+  const model_desc m{.layers = 4, .hidden = 256, .heads = 8, .vocab = 1024, .seq = 128};
+  const job_desc job{.global_batch = 32};
+  const plan p = predict(m, hw, job, {.parallel = {.dp = 8}, .micro_batch = 2});
+  // By hand: per token, forward weight GEMMs + half the attention FLOPs (a fused kernel skips the
+  // masked half) per layer, plus the logits; times 3 for forward and backward; 4 sequences per rank.
+  const double per_token = 3 * (m.layers * (layer_matmul_flops_per_token(m) + layer_attention_flops_per_token(m) / 2) +
+                                logits_flops_per_token(m));
+  const double tokens_per_rank = 32.0 / 8 * m.seq;
+  CHECK(p.time.compute == Approx(per_token * tokens_per_rank / hw.gemm_peak_flops).epsilon(1e-9));
+  // Data parallel over two nodes of four: a ring inside the node, then 1/4 of the gradients
+  // across the two nodes, at the measured bus bandwidths and latencies.
+  CHECK(p.time.dp_comm > 0);
+  CHECK_THROWS_AS(predict(m, hw, job, {.parallel = {.dp = 4}}), weft::error);  // 4 ranks, not 8
+}
