@@ -16,23 +16,19 @@ and names the rank and what it was doing; the exit status is then nonzero.
 """
 import argparse
 import contextlib
-import datetime
-import faulthandler
 import json
 import os
-import signal
 import statistics
 import sys
-import tempfile
 import time
-import traceback
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from torch_ranks import finish_together, join_gloo_group, run_ranks  # noqa: E402
 
 # What a rank is doing, as it tells the parent through shared memory (for failure messages).
 PHASES = ["starting", "importing torch", "joining the process group (file store rendezvous)",
           "building the model and DDP", "timing backward passes", "checking gradients and writing the result",
-          "waiting for the other ranks to finish", "finished"]
-# A single collective on 498 MB takes 1-4 s here even under heavy load.
-COLLECTIVE_TIMEOUT_S = 60
+          "waiting for the other ranks to finish"]
 
 
 def gpt2_small_shapes():
@@ -52,36 +48,7 @@ def gpt2_small_shapes():
     return shapes
 
 
-def worker(rank, ranks, store_path, iterations, warmup, result_path, progress):
-    def phase(name, iteration=-1):
-        progress[2 * rank] = PHASES.index(name)
-        progress[2 * rank + 1] = iteration
-
-    # The parent sends SIGUSR1 before killing a rank that overran the deadline: its stacks then
-    # show where it stood.
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
-    try:
-        measure(rank, ranks, store_path, iterations, warmup, result_path, phase)
-    except BaseException:  # noqa: B036 - report anything, including KeyboardInterrupt from the parent
-        at = progress[2 * rank + 1]
-        sys.stderr.write(f"ddp_reference.py: rank {rank} failed while {PHASES[progress[2 * rank]]}"
-                         + (f" (iteration {at})" if at >= 0 else "") + ":\n" + traceback.format_exc())
-        sys.stderr.flush()
-        os._exit(1)
-    phase("finished")
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Leave without running torch's destructors. In torch 1.13 (Debian's), destroying a gloo
-    # process group (here: when the DDP object goes, or in destroy_process_group) takes the
-    # group's work mutex while holding the GIL; a gloo worker thread still retiring the last
-    # collective holds that mutex and waits for the GIL to free the Python tensor it reduced.
-    # Both wait forever (seen in about 1 run in 7 on 2 loaded cores). There is nothing left to
-    # release: every rank has finished its collectives (the store barrier before this) and the
-    # parent removes the store's folder.
-    os._exit(0)
-
-
-def measure(rank, ranks, store_path, iterations, warmup, result_path, phase):
+def measure(rank, ranks, store_path, phase, iterations, warmup, result_path):
     phase("importing torch")
     import torch
     import torch.distributed as dist
@@ -89,13 +56,7 @@ def measure(rank, ranks, store_path, iterations, warmup, result_path, phase):
 
     torch.set_num_threads(1)  # one core per rank, like the MPI ranks
     phase("joining the process group (file store rendezvous)")
-    # Rendezvous through a file, not a TCP store on a port picked in advance: another process
-    # can take that port between the pick and the bind, and a rank then fails at start-up. The
-    # timeout bounds the rendezvous, every collective and every store wait.
-    timeout = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
-    store = dist.FileStore(store_path, ranks)
-    store.set_timeout(timeout)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=ranks, timeout=timeout)
+    store = join_gloo_group(rank, ranks, store_path)
 
     phase("building the model and DDP")
 
@@ -164,50 +125,8 @@ def measure(rank, ranks, store_path, iterations, warmup, result_path, phase):
         }
         with open(result_path, "w") as out:
             json.dump(result, out)
-    # A barrier through the file store, not gloo: once every rank is past it, no rank has a
-    # collective in flight, so each may leave at once.
     phase("waiting for the other ranks to finish")
-    if store.add("weft/finished", 1) == ranks:
-        store.set("weft/all_finished", "1")
-    store.wait(["weft/all_finished"])
-
-
-def describe(progress, rank):
-    at = progress[2 * rank + 1]
-    return PHASES[progress[2 * rank]] + (f" (iteration {at})" if at >= 0 else "")
-
-
-def run(args, mp):
-    ctx = mp.get_context("spawn")
-    progress = ctx.Array("i", [0, -1] * args.ranks, lock=False)
-    deadline = time.monotonic() + args.timeout
-    with tempfile.TemporaryDirectory(prefix="weft_ddp_") as folder:
-        store = os.path.join(folder, "store")  # a fresh file per run: never a stale store
-        processes = mp.spawn(worker, args=(args.ranks, store, args.iterations, args.warmup, args.json, progress),
-                             nprocs=args.ranks, join=False)
-        try:
-            while not processes.join(timeout=1):
-                if time.monotonic() < deadline:
-                    continue
-                late = [r for r, p in enumerate(processes.processes) if p.is_alive()]
-                for r in late:
-                    os.kill(processes.processes[r].pid, signal.SIGUSR1)  # stacks to stderr
-                time.sleep(2)
-                for p in processes.processes:
-                    if p.is_alive():
-                        p.kill()
-                    p.join()
-                states = "; ".join(f"rank {r} was {describe(progress, r)}" for r in late)
-                return f"timed out after {args.timeout:.0f} s (--timeout): {states}"
-        except mp.ProcessExitedException as error:
-            # The other ranks are killed by now; say what each was doing.
-            r = error.error_index
-            others = "; ".join(f"rank {o} was {describe(progress, o)}" for o in range(args.ranks) if o != r)
-            how = f"signal {error.signal_name}" if error.signal_name else f"exit status {error.exit_code}"
-            return f"rank {r} ended with {how} while {describe(progress, r)}" + (f"; {others}" if others else "")
-        except mp.ProcessRaisedException as error:
-            return f"rank {error.error_index} raised: {str(error).strip().splitlines()[-1]}"
-    return None
+    finish_together(store, ranks)
 
 
 def main():
@@ -222,15 +141,14 @@ def main():
     if args.timeout is None:
         args.timeout = 120 + 10 * (args.warmup + args.iterations)
     try:
-        import torch.multiprocessing as mp
+        import torch  # noqa: F401
     except ImportError:
         print("ddp_reference.py: FAILED: this python has no torch; run it with Debian's /usr/bin/python3",
               file=sys.stderr)
         return 2
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     with contextlib.suppress(FileNotFoundError):
         os.remove(args.json)  # a failed run must not leave an earlier run's result behind
-    failure = run(args, mp)
+    failure = run_ranks(measure, args.ranks, args.timeout, PHASES, (args.iterations, args.warmup, args.json))
     if failure is None and not os.path.exists(args.json):
         failure = "every rank finished but rank 0 wrote no result"
     if failure is not None:

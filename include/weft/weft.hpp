@@ -20,6 +20,13 @@
 #include <weft/cp/causal_split.hpp>
 #include <weft/cp/ring_attention.hpp>
 #include <weft/cp/ulysses.hpp>
+#include <weft/fsdp/adamw.hpp>
+#include <weft/fsdp/hybrid_groups.hpp>
+#include <weft/fsdp/options.hpp>
+#include <weft/fsdp/schedule.hpp>
+#include <weft/fsdp/sharded_model.hpp>
+#include <weft/fsdp/unit_plan.hpp>
+#include <weft/fsdp/whole_tensor.hpp>
 #include <weft/grad/bucket_plan.hpp>
 #include <weft/grad/comm_hook.hpp>
 #include <weft/grad/flat_buffer.hpp>

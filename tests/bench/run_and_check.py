@@ -14,6 +14,12 @@ KIND says how to read the results:
   health    the health check: its JSON object, and the exit status it should give.
   grad_sync weft_bench_grad_sync: its JSON object, and DDP's status (ok, failed or not_run) in both
             the JSON and the table; a run without DDP must give the reason in both.
+  train_vs_torch
+            bench/train_vs_torch: a JSON list with, for every rank count, one train_gpt record and
+            one PyTorch record (torch on 1 rank, torch_ddp on more), each either ok (positive
+            tokens/s and step time that agree with the tokens per step, an OpenBLAS library, a
+            GEMM rate) or failed with a reason that its table line gives; train_gpt's records
+            carry their ratio to PyTorch's. Speed is never checked.
 --expect-json KEY=VALUE: the JSON object's KEY holds VALUE (a string, or a number or null as JSON
 writes it).
 Standard library only.
@@ -162,6 +168,68 @@ def check_grad_sync(output, json_path):
         fail("ddp_status is %r, not ok, failed or not_run" % status, output)
 
 
+def check_train_vs_torch(output, json_path):
+    records = load_json(json_path, output)
+    if not isinstance(records, list) or not records:
+        fail("the JSON is not a non-empty list of records", output)
+    required = {"impl", "ranks", "threads_per_rank", "status", "reason", "tokens_per_s", "step_time_s",
+                "steps_measured", "tokens_per_step", "blas", "gemm_1024_gflops"}
+    by_ranks = {}
+    for record in records:
+        if not isinstance(record, dict) or not required <= record.keys():
+            fail("a record lacks %s: %r" % (sorted(required - set(record)), record), output)
+        by_ranks.setdefault(record["ranks"], []).append(record)
+    table = [line for line in output.splitlines() if re.match(r"^(train_gpt|torch|torch_ddp) +\d+ ", line)]
+    if len(table) != len(records):
+        fail("the table has %d rows for %d JSON records" % (len(table), len(records)), output)
+    for ranks, group in by_ranks.items():
+        impls = sorted(r["impl"] for r in group)
+        peer = "torch" if ranks == 1 else "torch_ddp"
+        if impls != sorted(["train_gpt", peer]):
+            fail("%d ranks: records for %s, expected train_gpt and %s" % (ranks, impls, peer), output)
+        if any(r["threads_per_rank"] != 1 for r in group) and ranks > 1:
+            fail("%d ranks: more than 1 thread per rank" % ranks, output)
+        if len({r["threads_per_rank"] for r in group}) != 1:
+            fail("%d ranks: the implementations ran with different thread counts" % ranks, output)
+    for record in records:
+        row = [line for line in table if re.match(r"^%s +%d " % (record["impl"], record["ranks"]), line)]
+        if len(row) != 1:
+            fail("no single table row for %s on %d ranks" % (record["impl"], record["ranks"]), output)
+        if record["status"] == "ok":
+            for key in ("tokens_per_s", "step_time_s", "gemm_1024_gflops"):
+                if not finite_positive(record[key]):
+                    fail("%s is not a positive number: %r" % (key, record), output)
+            if abs(record["tokens_per_s"] * record["step_time_s"] - record["tokens_per_step"]) > 1e-6 * record["tokens_per_step"]:
+                fail("tokens/s x step time is not the tokens per step: %r" % record, output)
+            if record["reason"] is not None or record["steps_measured"] < 1:
+                fail("an ok record with a reason or no measured step: %r" % record, output)
+            if not isinstance(record["blas"], str) or "openblas" not in record["blas"].lower():
+                fail("%s on %d ranks did not run on OpenBLAS: %r" % (record["impl"], record["ranks"], record["blas"]),
+                     output)
+            if record["blas"].rsplit("/", 1)[-1] not in row[0]:
+                fail("the table row does not name the BLAS library: %r" % row[0], output)
+        elif record["status"] == "failed":
+            if record["tokens_per_s"] is not None or record["step_time_s"] is not None:
+                fail("a failed record has a speed: %r" % record, output)
+            if not isinstance(record["reason"], str) or not record["reason"]:
+                fail("a failed record does not say why: %r" % record, output)
+            if "not run: " + record["reason"] not in row[0]:
+                fail("the table row does not give the reason %r: %r" % (record["reason"], row[0]), output)
+        else:
+            fail("status %r is neither ok nor failed" % record["status"], output)
+    for record in records:
+        if record["impl"] != "train_gpt":
+            continue
+        peer = next(r for r in by_ranks[record["ranks"]] if r["impl"] != "train_gpt")
+        if record["status"] == "ok" and peer["status"] == "ok":
+            expected = record["tokens_per_s"] / peer["tokens_per_s"]
+            if not finite_positive(record.get("vs_torch")) or abs(record["vs_torch"] - expected) > 1e-9 * expected:
+                fail("train_gpt's vs_torch is %r, its tokens/s over PyTorch's is %r" % (record.get("vs_torch"), expected),
+                     output)
+        elif record.get("vs_torch") is not None:
+            fail("vs_torch %r without two measured implementations" % record["vs_torch"], output)
+
+
 def check_json_values(output, json_path, expected):
     report = load_json(json_path, output)
     for key, value in expected:
@@ -229,6 +297,8 @@ def main(argv):
             check_health(output, json_path, ranks)
     elif kind == "grad_sync":
         check_grad_sync(output, json_path)
+    elif kind == "train_vs_torch":
+        check_train_vs_torch(output, json_path)
     elif kind != "plain":
         fail("unknown kind %r" % kind)
     if json_values:

@@ -1,0 +1,775 @@
+#pragma once
+/// \file
+/// `weft::fsdp::sharded_model<B, Param>`: ZeRO-3 / FSDP and ZeRO-2 over a data-parallel group, and
+/// hybrid sharding (HSDP: shard inside a group, replicate across groups), in units the trainer
+/// chooses (a layer, or a group of layers), as FSDP2's `fully_shard` applied per layer.
+///
+/// Use:
+///   1. `add_unit(name, {{param, count}, ...})` for every unit, in forward order; `freeze()`
+///      (collective: plans the shards and checks that every rank planned the same ones);
+///   2. give the initial values: `load_whole(unit, param, values)` (every rank passes the whole
+///      tensor; each keeps its part), or `reshard_from_whole(checkpoint)`;
+///   3. each micro-step: for u = 0..n-1 `{ auto s = model.forward(u); ... s.param(p) ... }`, then
+///      for u = n-1..0 `{ auto s = model.backward(u); ... s.param(p), add into s.grad(p) ... }`,
+///      then `finish()`; when it returns true, the gradient shards hold the window's scaled,
+///      reduced gradients: step the optimizer on `shard_params(u)` / `shard_grads(u)` (e.g.
+///      fsdp::shard_adamw), then `zero_grad()`.
+///
+/// Forward of unit u waits for its all-gather and issues unit u+1's (prefetch), so the gather of
+/// the next unit runs while this one computes; backward of unit u does the same for unit u-1.
+/// Once a unit's backward ends, its gradients are reduce-scattered (in `reduce_dtype`) while the
+/// next unit's backward runs, and its reduced shard is added into the master-type gradient shard.
+/// ZeRO-3 frees a unit's gathered parameters after its backward (and after its forward, with
+/// reshard_after_forward); ZeRO-2 keeps every unit gathered and gathers again only units whose
+/// shards the optimizer changed. Every rank issues the same collectives in the same order, since
+/// units run in registration order forward and in reverse backward (anything else is refused).
+///
+/// Host-memory backends (MPI): the gathered parameters and gradients are host buffers.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <weft/backend/backend.hpp>
+#include <weft/comm/communicator.hpp>
+#include <weft/comm/communicator_ref.hpp>
+#include <weft/core/dtype.hpp>
+#include <weft/core/error.hpp>
+#include <weft/fsdp/detail/accumulate.hpp>
+#include <weft/fsdp/options.hpp>
+#include <weft/fsdp/schedule.hpp>
+#include <weft/fsdp/unit_plan.hpp>
+#include <weft/fsdp/whole_tensor.hpp>
+#include <weft/grad/bucket_plan.hpp>
+#include <weft/grad/detail/convert.hpp>
+#include <weft/grad/detail/fingerprint.hpp>
+#include <weft/grad/options.hpp>
+
+namespace weft::fsdp {
+
+/// The type master shards and accumulated gradients are kept in: float, or double for double
+/// parameters.
+template <class Param>
+using master_t = std::conditional_t<std::is_same_v<Param, double>, double, float>;
+
+/// `Param` is FSDP2's param_dtype: the type parameters are gathered in and gradients are produced
+/// in (float, double, or weft::bfloat16).
+template <backend B, element Param = float>
+  requires(is_floating(dtype_of<Param>))
+class sharded_model {
+  static_assert(buffer_memory_v<B> == memory_space::host,
+                "weft::fsdp::sharded_model gathers into host buffers; on a GPU backend (NCCL) use "
+                "weft::grad::synchronizer with shard_optimizer_state (ZeRO-1) for now");
+
+ public:
+  using request = typename B::request;
+  using master_type = master_t<Param>;
+
+  class unit_scope;
+
+  /// Shards over `shard_group` (the dp group; the group must outlive the model).
+  explicit sharded_model(communicator<B>& shard_group, fsdp_options options = {})
+      : shard_(shard_group.ref()), options_(options) {
+    validate_options();
+  }
+
+  /// Hybrid sharding: shards over `shard_group` (e.g. the ranks of a node) and replicates over
+  /// `replicate_group` (the ranks with the same position in the other shard groups): gradients are
+  /// reduce-scattered inside the shard group, then all-reduced across replicas. See
+  /// fsdp/hybrid_groups.hpp for the groups made from dp by node placement.
+  sharded_model(communicator<B>& shard_group, communicator<B>& replicate_group, fsdp_options options = {})
+      : shard_(shard_group.ref()), replicate_(replicate_group.ref()), options_(options) {
+    validate_options();
+  }
+
+  sharded_model(const sharded_model&) = delete;
+  sharded_model& operator=(const sharded_model&) = delete;
+  /// Waits for the communication still in flight (its requests do), so no buffer dies under it.
+  ~sharded_model() = default;
+
+  // ---- registration ------------------------------------------------------------------------
+
+  /// Registers a unit (its parameters in forward order) and returns its index (0, 1, ... in call
+  /// order). Register units in forward order.
+  std::size_t add_unit(std::string name, std::vector<grad::param_spec> params) {
+    if (frozen()) fail(where() + ": add_unit('" + name + "') after freeze(); register every unit before freeze()");
+    for (const grad::param_spec& p : params)
+      if (p.count == 0)
+        fail(where() + ": parameter '" + p.name + "' of unit '" + name + "' has 0 elements; register only parameters "
+             "with values");
+    specs_.push_back({std::move(name), std::move(params)});
+    return specs_.size() - 1;
+  }
+
+  /// Plans the shards, allocates them (zeroed), and checks (collectively, on the shard group and
+  /// the replicate group) that every rank planned the same shards with the same options.
+  void freeze() {
+    if (frozen()) fail(where() + ": freeze() called twice");
+    plan_ = unit_plan(specs_, dtype_of<Param>, options_.pad_elements, shard_group().size());
+    shard_group().expect_same_on_all_ranks(
+        "the fsdp shard layout (units, their parameters' names, sizes and order, parameter type, padding)",
+        plan_.fingerprint());
+    shard_group().expect_same_on_all_ranks("the fsdp options (level, resharding, prefetch, accumulation, scaling, "
+                                           "reduce type)", options_fingerprint());
+    if (replicate_) {
+      replicate_group().expect_same_on_all_ranks("the fsdp shard layout across replicas", plan_.fingerprint());
+      replicate_group().expect_same_on_all_ranks("the fsdp options across replicas", options_fingerprint());
+      replicate_group().expect_same_on_all_ranks("the shard group's size across replicas",
+                                                 static_cast<std::uint64_t>(shard_group().size()));
+    }
+    units_.resize(plan_.size());
+    for (std::size_t u = 0; u < plan_.size(); ++u) {
+      units_[u].master.assign(plan_.unit(u).shard_elements(), master_type{});
+      units_[u].grads.assign(plan_.unit(u).shard_elements(), master_type{});
+    }
+    next_backward_ = units_.size() - 1;
+    frozen_ = true;
+    account();
+  }
+
+  bool frozen() const noexcept { return frozen_; }
+  const unit_plan& plan() const {
+    checked("plan()");
+    return plan_;
+  }
+  std::size_t unit_count() const noexcept { return specs_.size(); }
+  const fsdp_options& options() const noexcept { return options_; }
+  communicator<B>& shard_group() const { return shard_.get(); }
+  communicator<B>& replicate_group() const {
+    if (!replicate_) fail(where() + ": replicate_group(): this model has no replicate group (not hybrid)");
+    return replicate_->get();
+  }
+  bool hybrid() const noexcept { return replicate_.has_value(); }
+  /// Ranks a gradient is averaged over: the shard group's size times the replicas'.
+  int data_parallel_size() const { return shard_group().size() * (replicate_ ? replicate_group().size() : 1); }
+
+  // ---- shards --------------------------------------------------------------------------------
+
+  /// This rank's master shard of unit `u` (padding included, zeros there), for the optimizer to
+  /// update between finish() and the next forward. Taking it writable marks the unit's gathered
+  /// copy out of date (ZeRO-2 gathers it again before the next forward).
+  std::span<master_type> shard_params(std::size_t u) {
+    checked("shard_params()");
+    check_unit(u, "shard_params");
+    if (in_micro_step())
+      fail(where() + ": shard_params(" + unit_name(u) + ") writable in the middle of a micro-step; update the shards "
+           "after finish() and before the next forward (use shard_params_view() to read)");
+    units_[u].stale = true;
+    return units_[u].master;
+  }
+  std::span<const master_type> shard_params_view(std::size_t u) const {
+    checked("shard_params_view()");
+    check_unit(u, "shard_params_view");
+    return units_[u].master;
+  }
+  /// This rank's shard of unit `u`'s accumulated gradients (master type; valid after a finish()
+  /// that returned true).
+  std::span<const master_type> shard_grads(std::size_t u) const {
+    checked("shard_grads()");
+    check_unit(u, "shard_grads");
+    return units_[u].grads;
+  }
+  /// The runs of parameters in this rank's shard of unit `u` (for optimizers that treat
+  /// parameters differently).
+  std::vector<shard_run> shard_runs(std::size_t u) const { return plan().unit(u).runs(shard_group().rank()); }
+
+  /// Zeroes the gradient shards (after the optimizer step).
+  void zero_grad() {
+    checked("zero_grad()");
+    if (in_micro_step()) fail(where() + ": zero_grad() in the middle of a micro-step; call it after finish()");
+    for (unit_state& s : units_) std::fill(s.grads.begin(), s.grads.end(), master_type{});
+  }
+
+  /// Sets parameter `param` of unit `u` from its whole value: this rank keeps its part. Every rank
+  /// of the shard group must pass the same values (e.g. the same seeded initialisation).
+  void load_whole(std::size_t u, std::size_t index, std::span<const master_type> whole) {
+    checked("load_whole()");
+    check_unit(u, "load_whole");
+    const unit_layout& layout = plan_.unit(u);
+    if (index >= layout.params().size())
+      fail(where() + ": load_whole: unit " + unit_name(u) + " has " + std::to_string(layout.params().size()) +
+           " parameters; there is no parameter " + std::to_string(index));
+    if (whole.size() != layout.params()[index].count)
+      fail(where() + ": load_whole: parameter '" + layout.params()[index].name + "' of unit " + unit_name(u) + " has " +
+           std::to_string(layout.params()[index].count) + " elements; " + std::to_string(whole.size()) + " were given");
+    std::span<master_type> shard = shard_params(u);
+    for (const shard_run& run : layout.runs(shard_group().rank()))
+      if (run.param == index)
+        std::copy_n(whole.begin() + static_cast<std::ptrdiff_t>(run.param_offset), run.count,
+                    shard.begin() + static_cast<std::ptrdiff_t>(run.shard_offset));
+  }
+
+  // ---- whole tensors (checkpoints) -----------------------------------------------------------
+
+  /// Gathers a sharded state laid out like the master shards (`shard_of(u)` returns this rank's
+  /// shard of unit u: the master shards, or an optimizer's moments) into whole tensors named
+  /// "<prefix><unit>.<param>", on every rank. Collective over the shard group.
+  template <class ShardOf>
+  std::vector<whole_tensor<master_type>> gather_whole(ShardOf&& shard_of, std::string_view prefix = "") {
+    checked("gather_whole()");
+    if (in_micro_step()) fail(where() + ": gather_whole() in the middle of a micro-step; call it after finish()");
+    std::vector<whole_tensor<master_type>> out;
+    std::vector<master_type> gathered;
+    for (std::size_t u = 0; u < plan_.size(); ++u) {
+      const unit_layout& layout = plan_.unit(u);
+      std::span<const master_type> shard = shard_of(u);
+      if (shard.size() != layout.shard_elements())
+        fail(where() + ": gather_whole: the shard given for unit " + unit_name(u) + " has " +
+             std::to_string(shard.size()) + " elements; this rank's shard has " +
+             std::to_string(layout.shard_elements()));
+      gathered.assign(layout.padded_elements(), master_type{});
+      std::copy(shard.begin(), shard.end(),
+                gathered.begin() + static_cast<std::ptrdiff_t>(layout.shard_offset(shard_group().rank())));
+      shard_group().all_gather_in_place(std::span<master_type>(gathered));
+      append_whole<master_type>(layout, gathered, prefix, out);
+    }
+    return out;
+  }
+  /// The master parameters as whole tensors ("<unit>.<param>"), on every rank.
+  std::vector<whole_tensor<master_type>> gather_whole_params() {
+    return gather_whole([this](std::size_t u) { return shard_params_view(u); });
+  }
+
+  /// Cuts whole tensors (from a checkpoint saved on any number of ranks) into this rank's shards of
+  /// a state laid out like the master shards (`shard_of(u)` returns a writable span). Local: no
+  /// communication; every rank needs the whole tensors.
+  template <class ShardOf>
+  void reshard_from_whole(std::span<const whole_tensor<master_type>> whole, ShardOf&& shard_of,
+                          std::string_view prefix = "") {
+    checked("reshard_from_whole()");
+    for (std::size_t u = 0; u < plan_.size(); ++u)
+      cut_shard<master_type>(plan_.unit(u), shard_group().rank(), whole, prefix, shard_of(u));
+  }
+  /// Sets the master parameters from whole tensors named "<unit>.<param>".
+  void reshard_params_from_whole(std::span<const whole_tensor<master_type>> whole) {
+    reshard_from_whole(whole, [this](std::size_t u) { return shard_params(u); });
+  }
+
+  // ---- the micro-step ------------------------------------------------------------------------
+
+  /// Begins unit `u`'s forward: waits for its parameters (issuing their gather unless a prefetch
+  /// did), and issues the next unit's gather. Units run forward in registration order.
+  unit_scope forward(std::size_t u) {
+    begin_forward(u);
+    return unit_scope(*this, u, pass::forward);
+  }
+  /// Begins unit `u`'s backward: waits for its parameters, issues the previous unit's gather, and
+  /// gives a zeroed gradient buffer. Units run backward in reverse registration order.
+  unit_scope backward(std::size_t u) {
+    begin_backward(u);
+    return unit_scope(*this, u, pass::backward);
+  }
+
+  void begin_forward(std::size_t u) {
+    checked("forward()");
+    check_unit(u, "forward");
+    check_no_open_scope(u, "forward");
+    if (u != next_forward_) {
+      if (next_forward_ == units_.size())
+        fail(where() + ": forward of unit " + unit_name(u) + " after every unit's forward in micro-step " +
+             std::to_string(micro_) + "; run the backward of every unit and finish() first");
+      fail(where() + ": forward of unit " + unit_name(u) + " out of order: unit " + unit_name(next_forward_) +
+           " is next; run units forward in the order they were registered (the prefetch and every rank's "
+           "collectives follow that order)");
+    }
+    during_ = pass::forward;
+    ensure_gathered(u);
+    if (options_.prefetch && u + 1 < units_.size()) ensure_gathered(u + 1);
+    wait_gather(u);
+    open_ = u;
+    open_pass_ = pass::forward;
+  }
+
+  void end_forward(std::size_t u) {
+    check_open(u, pass::forward, "end_forward");
+    open_.reset();
+    ++next_forward_;
+    const bool last = u + 1 == units_.size();
+    if (full_sharding() && options_.reshard_after_forward && !last) free_params(u);
+  }
+
+  void begin_backward(std::size_t u) {
+    checked("backward()");
+    check_unit(u, "backward");
+    check_no_open_scope(u, "backward");
+    if (next_forward_ != units_.size())
+      fail(where() + ": backward of unit " + unit_name(u) + " before the forward of unit " +
+           unit_name(next_forward_) + "; run every unit's forward first");
+    if (next_backward_ >= units_.size() || u != next_backward_)
+      fail(where() + ": backward of unit " + unit_name(u) + " out of order" +
+           (next_backward_ < units_.size() ? ": unit " + unit_name(next_backward_) + " is next" : ": every unit's backward ran") +
+           "; run units backward in reverse registration order, each once per micro-step, then finish()");
+    during_ = pass::backward;
+    ensure_gathered(u);
+    if (options_.prefetch && u > 0) ensure_gathered(u - 1);
+    wait_gather(u);
+    // Reductions issued before this unit's gather have completed with it (the group runs its
+    // operations in issue order): free their buffers before this unit's gradients are allocated.
+    poll();
+    unit_state& s = units_[u];
+    s.work.assign(plan_.unit(u).padded_elements(), Param{});
+    account();
+    open_ = u;
+    open_pass_ = pass::backward;
+  }
+
+  void end_backward(std::size_t u) {
+    check_open(u, pass::backward, "end_backward");
+    open_.reset();
+    issue_reduce(u);
+    units_[u].backward_done = true;
+    if (full_sharding()) free_params(u);
+    next_backward_ = u == 0 ? units_.size() : u - 1;
+    poll();
+  }
+
+  /// Unit `u`'s gathered parameter `param`: only inside that unit's forward or backward scope.
+  std::span<const Param> param(std::size_t u, std::size_t index) const {
+    check_access(u, index, "param");
+    const unit_layout& layout = plan_.unit(u);
+    return std::span<const Param>(units_[u].gathered).subspan(layout.offset_of(index), layout.params()[index].count);
+  }
+  /// Unit `u`'s gradient of parameter `param` (zeroed when the backward began; add into it): only
+  /// inside that unit's backward scope.
+  std::span<Param> grad(std::size_t u, std::size_t index) {
+    check_access(u, index, "grad");
+    if (open_pass_ != pass::backward)
+      fail(where() + ": grad(" + unit_name(u) + ", " + std::to_string(index) + ") in the unit's forward; gradients "
+           "exist only inside backward(u)");
+    const unit_layout& layout = plan_.unit(u);
+    return std::span<Param>(units_[u].work).subspan(layout.offset_of(index), layout.params()[index].count);
+  }
+
+  /// With scaling::token_count: the tokens of this optimizer step's global batch (every rank and
+  /// micro-step), set before the window's last finish().
+  void set_token_count(double tokens) {
+    if (options_.scale != grad::scaling::token_count)
+      fail(where() + ": set_token_count() needs scaling::token_count (the model uses another scaling)");
+    if (!(tokens > 0)) fail(where() + ": set_token_count(" + std::to_string(tokens) + "): the count must be positive");
+    token_count_ = tokens;
+  }
+
+  /// Ends the micro-step: waits for every unit's reduction and adds it into the gradient shards.
+  /// On the window's last micro-step scales the shards and returns true (step the optimizer now);
+  /// otherwise returns false. Throws, naming them, if some units had no backward; their
+  /// gradients are reduced as zeros first, so ranks that skipped the same units do not hang.
+  bool finish() {
+    checked("finish()");
+    if (open_)
+      fail(where() + ": finish() inside the " + std::string(to_string(open_pass_)) + " scope of unit " +
+           unit_name(*open_) + "; end the scope first");
+    std::vector<std::size_t> skipped;
+    for (std::size_t u = units_.size(); u-- > 0;)
+      if (!units_[u].backward_done) skipped.push_back(u);
+    std::exception_ptr failure;
+    try {
+      for (std::size_t u : skipped) {
+        wait_gather_quietly(u);
+        units_[u].work.assign(plan_.unit(u).padded_elements(), Param{});
+        issue_reduce(u);
+      }
+      while (!reducing_.empty()) complete_front(true);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    if (failure_) {
+      failure = failure_;
+      failure_ = nullptr;
+    }
+    // Whatever happened, the next micro-step starts clean.
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      unit_state& s = units_[u];
+      try {
+        s.gather.wait();
+        s.reduce.wait();
+        s.replicate.wait();
+      } catch (...) {
+        if (!failure) failure = std::current_exception();
+      }
+      s.backward_done = false;
+      release(s.work);
+      release(s.wire_f32);
+      release(s.wire_bf16);
+      if (s.params == param_state::gathering) s.params = param_state::gathered;
+      if (full_sharding() && s.params != param_state::freed) free_params(u);
+    }
+    reducing_.clear();
+    during_ = pass::between;
+    next_forward_ = 0;
+    next_backward_ = units_.size() - 1;
+    account();
+    const bool last = micro_ == options_.accumulation_steps - 1;
+    micro_ = last ? 0 : micro_ + 1;
+    if (failure) {
+      micro_ = 0;
+      token_count_.reset();
+      std::rethrow_exception(failure);
+    }
+    if (!skipped.empty()) {
+      std::string names;
+      for (std::size_t u : skipped) names += (names.empty() ? "" : ", ") + unit_name(u);
+      fail(where() + ": finish() with " + std::to_string(skipped.size()) + " of " + std::to_string(units_.size()) +
+           " units not run backward: " + names +
+           "; their gradients were reduced as zeros. Run backward(u) for every unit in each micro-step.");
+    }
+    if (!last) return false;
+    std::optional<double> factor = scale_factor();
+    token_count_.reset();
+    if (!factor)
+      fail(where() + ": scaling::token_count, but set_token_count() was not called before finish() of the window's "
+           "last micro-step; the gradient shards are left unscaled (sums)");
+    if (*factor != 1.0)
+      for (unit_state& s : units_) grad::detail::scale_in_place<master_type>(s.grads, *factor);
+    ++steps_;
+    return true;
+  }
+
+  /// The micro-step the current (or next) backward belongs to.
+  int micro_step() const noexcept { return micro_; }
+  /// Optimizer steps whose gradients have been reduced.
+  std::size_t steps() const noexcept { return steps_; }
+
+  // ---- what it holds and did ---------------------------------------------------------------
+
+  /// Bytes of training state this object holds now: master and gradient shards, gathered
+  /// parameters, gradient buffers and reduction staging (not the optimizer's state).
+  std::size_t bytes_held() const noexcept { return held_; }
+  /// The most bytes_held() has been since the last reset_peak().
+  std::size_t peak_bytes() const noexcept { return peak_; }
+  void reset_peak() noexcept { peak_ = held_; }
+
+  /// The communication issued and waited for, in order (with record_schedule = true).
+  const std::vector<schedule_event>& schedule() const noexcept { return schedule_; }
+  void clear_schedule() noexcept { schedule_.clear(); }
+
+  /// Closes a unit's forward or backward when it goes out of scope; gives the unit's parameters
+  /// and (in backward) gradients.
+  class unit_scope {
+   public:
+    unit_scope(const unit_scope&) = delete;
+    unit_scope& operator=(const unit_scope&) = delete;
+    unit_scope(unit_scope&& other) noexcept
+        : model_(std::exchange(other.model_, nullptr)), unit_(other.unit_), pass_(other.pass_) {}
+    /// Ends the scope unless end() did; when an exception is leaving the scope, only closes it
+    /// (no communication is issued for a unit whose computation failed).
+    ~unit_scope() noexcept(false) {
+      if (!model_) return;
+      if (std::uncaught_exceptions() > exceptions_) {
+        model_->abandon(unit_);
+        return;
+      }
+      end();
+    }
+    std::span<const Param> param(std::size_t p) const { return model_->param(unit_, p); }
+    std::span<Param> grad(std::size_t p) { return model_->grad(unit_, p); }
+    std::size_t unit() const noexcept { return unit_; }
+    /// Ends the forward (frees the parameters under reshard_after_forward) or the backward
+    /// (issues the gradients' reduce-scatter).
+    void end() {
+      if (!model_) return;
+      sharded_model* m = std::exchange(model_, nullptr);
+      if (pass_ == pass::forward)
+        m->end_forward(unit_);
+      else
+        m->end_backward(unit_);
+    }
+
+   private:
+    friend class sharded_model;
+    unit_scope(sharded_model& model, std::size_t unit, pass p) : model_(&model), unit_(unit), pass_(p) {}
+    sharded_model* model_ = nullptr;
+    std::size_t unit_ = 0;
+    pass pass_ = pass::forward;
+    int exceptions_ = std::uncaught_exceptions();
+  };
+
+ private:
+  enum class param_state { freed, gathering, gathered };
+
+  struct unit_state {
+    std::vector<master_type> master;  ///< this rank's master shard (padding included)
+    std::vector<master_type> grads;   ///< this rank's accumulated gradient shard
+    std::vector<Param> gathered;      ///< the whole unit's parameters while gathered
+    param_state params = param_state::freed;
+    bool stale = true;                ///< the gathered copy is older than the master shard
+    std::vector<Param> work;          ///< the unit's gradients during its backward and reduction
+    std::vector<float> wire_f32;      ///< the gradients converted for the wire
+    std::vector<bfloat16> wire_bf16;
+    bool backward_done = false;
+    bool replicating = false;         ///< the reduce-scatter is done; the all-reduce across replicas runs
+    // Last: destroyed first, so nothing is in flight when the buffers go.
+    request gather;
+    request reduce;
+    request replicate;
+  };
+
+  std::string where() const { return "fsdp model on group '" + shard_group().name() + "'"; }
+  std::string unit_name(std::size_t u) const {
+    return u < specs_.size() ? "'" + specs_[u].name + "' (" + std::to_string(u) + ")" : std::to_string(u);
+  }
+
+  void validate_options() const {
+    if (options_.level != tune::sharding::full && options_.level != tune::sharding::gradients)
+      fail("fsdp model: level = " + std::string(tune::to_string(options_.level)) +
+           " is not a sharding this model runs; use sharding::full (ZeRO-3) or sharding::gradients (ZeRO-2), or "
+           "weft::grad::synchronizer for none and optimizer (ZeRO-1)");
+    if (options_.accumulation_steps < 1)
+      fail("fsdp model: accumulation_steps is " + std::to_string(options_.accumulation_steps) +
+           "; it must be at least 1 (1: reduce every step)");
+    const dtype r = options_.reduce_dtype;
+    if (r != dtype_of<Param> && r != dtype::float32 && r != dtype::bfloat16)
+      fail("fsdp model: reduce_dtype = " + std::string(to_string(r)) + " is not offered; reduce in the parameters' "
+           "type (" + std::string(to_string(dtype_of<Param>)) + "), float32 or bfloat16");
+  }
+
+  std::uint64_t options_fingerprint() const {
+    grad::detail::fingerprint_builder h;
+    h.add("weft.fsdp.options.v1").add(static_cast<std::uint64_t>(options_.level));
+    h.add(static_cast<std::uint64_t>(options_.reshard_after_forward)).add(static_cast<std::uint64_t>(options_.prefetch));
+    h.add(static_cast<std::uint64_t>(options_.accumulation_steps)).add(static_cast<std::uint64_t>(options_.scale));
+    h.add(static_cast<std::uint64_t>(options_.reduce_dtype)).add(static_cast<std::uint64_t>(replicate_.has_value()));
+    return h.value();
+  }
+
+  void checked(std::string_view what) const {
+    if (!frozen_) fail(where() + ": " + std::string(what) + " before freeze(); register every unit, then call freeze()");
+  }
+  void check_unit(std::size_t u, std::string_view what) const {
+    if (u >= units_.size())
+      fail(where() + ": " + std::string(what) + "(" + std::to_string(u) + "): no such unit (" +
+           std::to_string(units_.size()) + " registered)");
+  }
+  void check_no_open_scope(std::size_t u, std::string_view what) const {
+    if (open_)
+      fail(where() + ": " + std::string(what) + "(" + unit_name(u) + ") while the " +
+           std::string(to_string(open_pass_)) + " scope of unit " + unit_name(*open_) +
+           " is open; end one unit's scope before the next begins (units do not nest)");
+  }
+  void check_open(std::size_t u, pass p, std::string_view what) const {
+    if (!open_ || *open_ != u || open_pass_ != p)
+      fail(where() + ": " + std::string(what) + "(" + unit_name(u) + ") without the matching begin (" +
+           (open_ ? "the open scope is the " + std::string(to_string(open_pass_)) + " of unit " + unit_name(*open_)
+                  : std::string("no scope is open")) + ")");
+  }
+  void check_access(std::size_t u, std::size_t index, std::string_view what) const {
+    checked(what);
+    check_unit(u, what);
+    if (index >= plan_.unit(u).params().size())
+      fail(where() + ": " + std::string(what) + "(" + unit_name(u) + ", " + std::to_string(index) + "): the unit has " +
+           std::to_string(plan_.unit(u).params().size()) + " parameters");
+    if (open_ && *open_ == u) return;
+    if (units_[u].params == param_state::gathering)
+      fail(where() + ": unit " + unit_name(u) + " used before its all-gather completed (it was prefetched and is "
+           "still in flight); enter the unit's scope with forward(u) or backward(u), which waits for it");
+    fail(where() + ": parameters of unit " + unit_name(u) + " touched outside the unit's forward or backward scope" +
+         (units_[u].params == param_state::freed ? " (they are sharded now)" : "") +
+         "; read them only between forward(u)/backward(u) and the end of that scope");
+  }
+
+  bool full_sharding() const noexcept { return options_.level == tune::sharding::full; }
+  bool in_micro_step() const noexcept { return next_forward_ != 0 || open_.has_value(); }
+
+  void log(schedule_kind kind, std::size_t u) {
+    if (options_.record_schedule) schedule_.push_back({kind, u, during_, micro_});
+  }
+
+  template <class T>
+  static void release(std::vector<T>& v) noexcept {
+    std::vector<T>().swap(v);
+  }
+
+  /// Issues unit u's all-gather unless its gathered copy is current or on its way.
+  void ensure_gathered(std::size_t u) {
+    unit_state& s = units_[u];
+    if (s.params == param_state::gathering) return;
+    if (s.params == param_state::gathered && !s.stale) return;
+    const unit_layout& layout = plan_.unit(u);
+    if (s.gathered.size() != layout.padded_elements()) s.gathered.assign(layout.padded_elements(), Param{});
+    const std::size_t at = layout.shard_offset(shard_group().rank());
+    grad::detail::convert_scaled<Param, master_type>(s.master, std::span<Param>(s.gathered).subspan(at, s.master.size()),
+                                                      1.0);
+    s.gather = shard_group().all_gather_in_place_async(std::span<Param>(s.gathered));
+    s.params = param_state::gathering;
+    s.stale = false;
+    log(schedule_kind::gather_issued, u);
+    account();
+  }
+
+  void wait_gather(std::size_t u) {
+    unit_state& s = units_[u];
+    if (s.params != param_state::gathering) return;
+    s.gather.wait();
+    s.params = param_state::gathered;
+    log(schedule_kind::gather_waited, u);
+  }
+  void wait_gather_quietly(std::size_t u) {
+    unit_state& s = units_[u];
+    s.gather.wait();
+    if (s.params == param_state::gathering) s.params = param_state::gathered;
+  }
+
+  void free_params(std::size_t u) {
+    unit_state& s = units_[u];
+    s.gather.wait();  // a prefetched gather still writes into the buffer
+    release(s.gathered);
+    s.params = param_state::freed;
+    log(schedule_kind::params_freed, u);
+    account();
+  }
+
+  /// An exception left unit u's scope: close it without communicating; finish() reports the unit
+  /// as not run backward, after reducing zeros for it.
+  void abandon(std::size_t u) noexcept {
+    if (open_ && *open_ == u) open_.reset();
+  }
+
+  template <class Wire>
+  std::vector<Wire>& wire_of(unit_state& s) {
+    if constexpr (std::is_same_v<Wire, Param>)
+      return s.work;
+    else if constexpr (std::is_same_v<Wire, float>)
+      return s.wire_f32;
+    else
+      return s.wire_bf16;
+  }
+
+  /// Calls f.template operator()<Wire>() with the type gradients are reduced in.
+  template <class F>
+  void with_wire_type(F&& f) {
+    if (options_.reduce_dtype == dtype_of<Param>)
+      f.template operator()<Param>();
+    else if (options_.reduce_dtype == dtype::float32)
+      f.template operator()<float>();
+    else
+      f.template operator()<bfloat16>();
+  }
+
+  void issue_reduce(std::size_t u) {
+    unit_state& s = units_[u];
+    with_wire_type([&]<class Wire>() {
+      std::vector<Wire>& wire = wire_of<Wire>(s);
+      if constexpr (!std::is_same_v<Wire, Param>) {
+        wire.resize(s.work.size());
+        grad::detail::convert_scaled<Wire, Param>(s.work, wire, 1.0);
+        release(s.work);  // only the wire copy is needed from here on
+      }
+      s.reduce = shard_group().reduce_scatter_in_place_async(std::span<Wire>(wire));
+    });
+    s.replicating = false;
+    reducing_.push_back(u);
+    log(schedule_kind::reduce_issued, u);
+    account();
+  }
+
+  /// Advances the oldest reduction: waits for (or, with `wait` false, only tests) its
+  /// reduce-scatter, issues its all-reduce across replicas, and once everything is done adds the
+  /// shard into the gradient shard and frees its buffers. Returns whether it finished.
+  bool complete_front(bool wait) {
+    const std::size_t u = reducing_.front();
+    unit_state& s = units_[u];
+    bool done = false;
+    with_wire_type([&]<class Wire>() {
+      std::vector<Wire>& wire = wire_of<Wire>(s);
+      const unit_layout& layout = plan_.unit(u);
+      std::span<Wire> mine = std::span<Wire>(wire).subspan(layout.shard_offset(shard_group().rank()),
+                                                           layout.shard_elements());
+      if (!s.replicating) {
+        if (wait)
+          s.reduce.wait();
+        else if (!s.reduce.test())
+          return;
+        if (replicate_) {
+          s.replicate = replicate_group().all_reduce_async(mine);
+          s.replicating = true;
+        }
+      }
+      if (s.replicating) {
+        if (wait)
+          s.replicate.wait();
+        else if (!s.replicate.test())
+          return;
+      }
+      detail::add_converted<master_type, Wire>(mine, s.grads);
+      release(wire);
+      release(s.work);
+      done = true;
+    });
+    if (!done) return false;
+    reducing_.erase(reducing_.begin());
+    log(schedule_kind::reduce_done, u);
+    account();
+    return true;
+  }
+
+  /// Records reductions that have finished, oldest first. A failure seen here is kept for
+  /// finish(): thrown in the middle of backward, it would stop this rank from issuing the
+  /// collectives its peers already wait in.
+  void poll() {
+    try {
+      while (!reducing_.empty() && complete_front(false)) {
+      }
+    } catch (...) {
+      if (!failure_) failure_ = std::current_exception();
+      // The failed unit is dropped from the queue; finish() waits for its requests.
+      reducing_.erase(reducing_.begin());
+    }
+  }
+
+  std::optional<double> scale_factor() const {
+    switch (options_.scale) {
+      case grad::scaling::mean:
+        return 1.0 / (static_cast<double>(data_parallel_size()) * static_cast<double>(options_.accumulation_steps));
+      case grad::scaling::sum: return 1.0;
+      case grad::scaling::token_count:
+        if (token_count_) return 1.0 / *token_count_;
+        return std::nullopt;
+    }
+    return 1.0;
+  }
+
+  void account() noexcept {
+    std::size_t n = 0;
+    for (const unit_state& s : units_)
+      n += (s.master.capacity() + s.grads.capacity()) * sizeof(master_type) +
+           (s.gathered.capacity() + s.work.capacity()) * sizeof(Param) + s.wire_f32.capacity() * sizeof(float) +
+           s.wire_bf16.capacity() * sizeof(bfloat16);
+    held_ = n;
+    peak_ = std::max(peak_, n);
+  }
+
+  communicator_ref<B> shard_;
+  std::optional<communicator_ref<B>> replicate_;
+  fsdp_options options_;
+  std::vector<unit_spec> specs_;
+  unit_plan plan_;
+  bool frozen_ = false;
+
+  std::size_t next_forward_ = 0;   ///< the unit whose forward comes next (unit_count(): all done)
+  std::size_t next_backward_ = 0;  ///< the unit whose backward comes next
+  std::optional<std::size_t> open_;
+  pass open_pass_ = pass::forward;
+  pass during_ = pass::between;
+  int micro_ = 0;
+  std::size_t steps_ = 0;
+  std::optional<double> token_count_;
+  std::exception_ptr failure_;
+
+  std::size_t held_ = 0;
+  std::size_t peak_ = 0;
+  std::vector<schedule_event> schedule_;
+
+  // Last: destroyed first, so their requests finish while the rest still exists.
+  std::vector<std::size_t> reducing_;  ///< units whose reduction is in flight, in issue order
+  std::vector<unit_state> units_;
+};
+
+}  // namespace weft::fsdp
