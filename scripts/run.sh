@@ -1,21 +1,48 @@
 #!/usr/bin/env bash
-# The main job on a local default: builds weft, then on 4 MPI ranks of this machine runs the
-# cluster health check (a float32 all-reduce, per-rank timings, pass/fail) and an nccl-tests-style
-# all-reduce sweep. Extra arguments go to the health check (e.g. --bytes 512M --rounds 100).
-# Usage: scripts/run.sh [health-check flags...]    Environment: RANKS (default 4), BUILD_DIR.
+# The main job on a local default: builds weft, measures this machine's ranks (weft-plan --probe),
+# trains GPT-2 with train_gpt on 4 local ranks in the layout weft's tuner picks for them (about a
+# minute; every step prints its loss), and ends with the cluster health check's verdict on the
+# same ranks. The ranks are launched with srun under a private single-node Slurm where one starts
+# here (scripts/private_slurm.py), with mpirun otherwise.
+# Usage: scripts/run.sh [train_gpt flags...]    Environment: RANKS (default 4), STEPS (120), BUILD_DIR.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${BUILD_DIR:-$root/build/run}"
 ranks="${RANKS:-4}"
+steps="${STEPS:-120}"
 "$root/scripts/install-deps.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_oob_tcp_if_include=lo OMPI_MCA_btl_tcp_if_include=lo NCCL_SOCKET_IFNAME=lo
+# One BLAS thread per rank; with more ranks than cores, waiting ranks yield the core.
+export OPENBLAS_NUM_THREADS=1
+if [ "$ranks" -gt "$(nproc)" ]; then export OMPI_MCA_mpi_yield_when_idle=1; fi
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DWEFT_BUILD_TESTS=OFF >/dev/null
-cmake --build "$build" --parallel "$(nproc)" --target health_check allreduce_perf
-launch=(mpiexec -n "$ranks" --oversubscribe --bind-to none)
-echo "== cluster health check on $ranks local ranks"
+cmake --build "$build" --parallel "$(nproc)" --target train_gpt weft-plan health_check
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+model=(--layers 4 --hidden 128 --heads 4 --seq 128 --vocab 256)
+
+# The job itself, given the launcher's command for $ranks ranks.
+cat > "$work/job.sh" <<JOB
+set -euo pipefail
+launch=(\$LAUNCH)
+echo "== launching with: \$LAUNCH"
+echo "== measuring these $ranks ranks (weft-plan --probe): GEMMs at the model's shapes, collectives, p2p"
+"\${launch[@]}" "$build/examples/weft_plan/weft-plan" --probe "$work/hardware.json" ${model[*]} --tied-embeddings --global-batch 16 >/dev/null
+echo "== train_gpt on $ranks ranks in the tuner's layout, $steps steps"
+"\${launch[@]}" "$build/examples/train_gpt/train_gpt" ${model[*]} --positions 128 --plan --hardware "$work/hardware.json" \
+  --global-batch 16 --steps $steps --lr 2e-3 --warmup 5 --save "$work/gpt.safetensors" $*
+echo "== cluster health check on the same $ranks ranks"
 # The default thresholds are the reference for 512 MiB across 64 H100 on InfiniBand; a CPU box
 # moving 64 MiB through shared memory is judged by its own, much slower, yardstick.
-"${launch[@]}" "$build/examples/health_check/health_check" --bytes 64M --warmup 3 --rounds 20 --expect-ms 1000 --fail-ms 5000 "$@"
-echo "== all-reduce sweep on $ranks local ranks"
-"${launch[@]}" "$build/bench/collectives/allreduce_perf" -b 8 -e 64M -f 8 -n 10 -w 2 -c 1
+"\${launch[@]}" "$build/examples/health_check/health_check" --bytes 64M --warmup 3 --rounds 20 --expect-ms 1000 --fail-ms 5000
+JOB
+status=0
+LAUNCH="srun --mpi=pmix -N 1 -n $ranks" /usr/bin/python3 "$root/scripts/private_slurm.py" --cpus "$ranks" -- \
+  bash "$work/job.sh" || status=$?
+if [ "$status" = 77 ]; then
+  echo "(no private Slurm on this machine: launching with mpirun instead)"
+  LAUNCH="mpirun -n $ranks --oversubscribe --bind-to none" bash "$work/job.sh"
+else
+  exit "$status"
+fi

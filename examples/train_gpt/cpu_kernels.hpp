@@ -4,9 +4,11 @@
 // only these members, so a device implementation with the same members can replace this one.
 //
 // Conventions: activations are row-major [tokens, features]; a linear layer's weight is stored
-// (in, out) as GPT-2's Conv1D stores it, so y = x W + b. Backward functions *add* into the
-// gradients of parameters (accumulation over micro-batches) and *overwrite* input gradients
-// unless their name says otherwise.
+// (in, out) as GPT-2's Conv1D stores it, so y = x W + b. Each backward comes in two parts, the
+// input gradient (`*_backward_input`) and the parameter gradients (`*_backward_weight` /
+// `*_params`), so that a schedule may run them at different times (ZB-H1). Parameter gradients
+// are *added* (accumulation over micro-batches); input gradients are *overwritten* unless the
+// function says otherwise.
 
 #include <cblas.h>
 
@@ -71,19 +73,26 @@ struct cpu_kernels {
                 y, static_cast<int>(out));
   }
 
-  /// dx = dy W^T (dx may be null: no input gradient), dW += x^T dy, db += column sums of dy.
-  static void linear_backward(const float* x, const float* w, const float* dy, float* dx, float* dw,
-                              std::span<float> dbias, std::size_t tokens, std::size_t in, std::size_t out) {
-    if (dx != nullptr)
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(tokens), static_cast<int>(in),
-                  static_cast<int>(out), 1.0f, dy, static_cast<int>(out), w, static_cast<int>(out), 0.0f, dx,
-                  static_cast<int>(in));
+  /// The input gradient: dx = dy W^T (overwrites).
+  static void linear_backward_input(const float* w, const float* dy, float* dx, std::size_t tokens, std::size_t in,
+                                    std::size_t out) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(tokens), static_cast<int>(in),
+                static_cast<int>(out), 1.0f, dy, static_cast<int>(out), w, static_cast<int>(out), 0.0f, dx,
+                static_cast<int>(in));
+  }
+  /// The parameter gradients: dW += x^T dy, db += column sums of dy (`dbias` may be empty).
+  static void linear_backward_weight(const float* x, const float* dy, float* dw, std::span<float> dbias,
+                                     std::size_t tokens, std::size_t in, std::size_t out) {
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(in), static_cast<int>(out),
                 static_cast<int>(tokens), 1.0f, x, static_cast<int>(in), dy, static_cast<int>(out), 1.0f, dw,
                 static_cast<int>(out));
-    if (!dbias.empty())
-      for (std::size_t t = 0; t < tokens; ++t)
-        for (std::size_t j = 0; j < out; ++j) dbias[j] += dy[t * out + j];
+    if (!dbias.empty()) column_sums(dy, dbias, tokens);
+  }
+  /// db += column sums of dy[T, db.size()].
+  static void column_sums(const float* dy, std::span<float> db, std::size_t tokens) {
+    const std::size_t out = db.size();
+    for (std::size_t t = 0; t < tokens; ++t)
+      for (std::size_t j = 0; j < out; ++j) db[j] += dy[t * out + j];
   }
 
   // ---- layer norm --------------------------------------------------------------------------
@@ -107,9 +116,9 @@ struct cpu_kernels {
     }
   }
 
-  /// dx += ..., dw += ..., db += ... (dx accumulates: layer norms sit on the residual stream).
-  static void layernorm_backward(const float* x, const float* w, const float* mean, const float* rstd, const float* dy,
-                                 float* dx, float* dw, float* db, std::size_t tokens, std::size_t c) {
+  /// The input gradient, added: dx += ... (layer norms sit on the residual stream).
+  static void layernorm_backward_input(const float* x, const float* w, const float* mean, const float* rstd,
+                                       const float* dy, float* dx, std::size_t tokens, std::size_t c) {
     for (std::size_t t = 0; t < tokens; ++t) {
       const float* xt = x + t * c;
       const float* dyt = dy + t * c;
@@ -126,9 +135,20 @@ struct cpu_kernels {
       mean_dn_xhat /= static_cast<float>(c);
       for (std::size_t i = 0; i < c; ++i) {
         const float xhat = (xt[i] - m) * s;
-        db[i] += dyt[i];
-        dw[i] += xhat * dyt[i];
         dxt[i] += (w[i] * dyt[i] - mean_dn - xhat * mean_dn_xhat) * s;
+      }
+    }
+  }
+  /// The parameter gradients: dw += x̂ dy, db += dy, summed over the rows.
+  static void layernorm_backward_params(const float* x, const float* mean, const float* rstd, const float* dy,
+                                        float* dw, float* db, std::size_t tokens, std::size_t c) {
+    for (std::size_t t = 0; t < tokens; ++t) {
+      const float* xt = x + t * c;
+      const float* dyt = dy + t * c;
+      const float m = mean[t], s = rstd[t];
+      for (std::size_t i = 0; i < c; ++i) {
+        db[i] += dyt[i];
+        dw[i] += (xt[i] - m) * s * dyt[i];
       }
     }
   }
@@ -197,12 +217,16 @@ struct cpu_kernels {
                 static_cast<int>(c), 1.0f, h, static_cast<int>(c), wte, static_cast<int>(c), 0.0f, logits,
                 static_cast<int>(vocab));
   }
-  /// dh = dlogits wte (overwrites), dwte += dlogits^T h.
-  static void logits_backward(const float* h, const float* wte, const float* dlogits, float* dh, float* dwte,
-                              std::size_t tokens, std::size_t c, std::size_t vocab) {
+  /// The input gradient: dh = dlogits wte (overwrites).
+  static void logits_backward_input(const float* wte, const float* dlogits, float* dh, std::size_t tokens,
+                                    std::size_t c, std::size_t vocab) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(tokens), static_cast<int>(c),
                 static_cast<int>(vocab), 1.0f, dlogits, static_cast<int>(vocab), wte, static_cast<int>(c), 0.0f, dh,
                 static_cast<int>(c));
+  }
+  /// The embedding's gradient from the output layer: dwte += dlogits^T h.
+  static void logits_backward_weight(const float* h, const float* dlogits, float* dwte, std::size_t tokens,
+                                     std::size_t c, std::size_t vocab) {
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(vocab), static_cast<int>(c),
                 static_cast<int>(tokens), 1.0f, dlogits, static_cast<int>(vocab), h, static_cast<int>(c), 1.0f, dwte,
                 static_cast<int>(c));

@@ -1,11 +1,16 @@
 #pragma once
 // The model's shape (GPT-2's configuration names) and the checks that a shape fits a layout.
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <weft/layout/layout.hpp>
+#include <weft/layout/model_shape.hpp>
+#include <weft/tune/layout.hpp>
 
 namespace train_gpt {
 
@@ -41,35 +46,33 @@ inline std::optional<gpt_config> named_model(std::string_view name) {
 inline constexpr std::string_view model_names = "gpt2 (= gpt2-small), gpt2-medium, gpt2-large, gpt2-xl, tiny, small";
 
 /// What the layout asks of the model's shape; empty when it fits. Each line says what to change.
-struct layout_degrees {
-  int tp = 1, pp = 1, dp = 1, cp = 1, vp = 1;
-  bool sequence_parallel = false;
-  int micro_batch = 1;
-};
-
-inline std::vector<std::string> shape_problems(const gpt_config& m, const layout_degrees& d) {
+/// The divisibility rules every layout imposes (heads over tp, layers over pp x virtual stages,
+/// the sequence over 2 x cp) are weft's (layout/model_shape.hpp); GPT-2's own are added here.
+inline std::vector<std::string> shape_problems(const gpt_config& m, const weft::tune::layout_choice& layout) {
   std::vector<std::string> p;
   auto s = [](auto v) { return std::to_string(v); };
-  if (m.layers < 1 || m.hidden < 1 || m.heads < 1 || m.vocab < 2 || m.positions < 1 || m.seq < 1)
+  if (m.layers < 1 || m.hidden < 1 || m.heads < 1 || m.vocab < 2 || m.positions < 1 || m.seq < 1) {
     p.push_back("every size must be positive (layers " + s(m.layers) + ", hidden " + s(m.hidden) + ", heads " +
                 s(m.heads) + ", vocab " + s(m.vocab) + ", positions " + s(m.positions) + ", seq " + s(m.seq) + ")");
-  if (m.heads > 0 && m.hidden % m.heads != 0)
+    return p;
+  }
+  if (m.hidden % m.heads != 0)
     p.push_back("--hidden " + s(m.hidden) + " is not divisible by --heads " + s(m.heads) +
                 ": the hidden size must split evenly into heads");
   if (m.seq > m.positions)
     p.push_back("--seq " + s(m.seq) + " is longer than the model's " + s(m.positions) +
                 " positions (n_positions): shorten --seq or raise --positions");
-  if (d.tp > 0 && m.heads % d.tp != 0)
-    p.push_back("--heads " + s(m.heads) + " is not divisible by --tp " + s(d.tp) +
-                ": tensor parallelism splits whole heads; pick a tp that divides the heads");
-  if (d.pp * d.vp > 0 && m.layers % (d.pp * d.vp) != 0)
-    p.push_back("--layers " + s(m.layers) + " do not split over --pp " + s(d.pp) + " x --vp " + s(d.vp) +
-                " virtual stages: pick a layer count divisible by pp x vp");
-  if (d.cp > 1 && m.seq % (2 * d.cp) != 0)
-    p.push_back("--seq " + s(m.seq) + " does not split over --cp " + s(d.cp) + ": context parallelism cuts each " +
-                "sequence into 2 x cp chunks; pick seq divisible by " + s(2 * d.cp));
-  if (d.sequence_parallel && d.tp > 1) {
-    const long tokens = static_cast<long>(d.micro_batch) * (m.seq / d.cp);
+  const weft::layout::layout_spec& d = layout.parallel;
+  weft::layout::layout_spec spec = d;
+  if (spec.world_size == 0) spec.world_size = d.tp * d.cp * d.pp * std::max(d.dp, 1);
+  for (std::string& problem : weft::layout::validate(spec)) p.push_back(std::move(problem));
+  if (!p.empty()) return p;
+  for (std::string& problem : weft::layout::check_model_shape(
+           weft::layout::rank_layout(spec),
+           {.heads = m.heads, .layers = m.layers, .virtual_stages = d.virtual_stages, .seq_length = m.seq}))
+    p.push_back(std::move(problem));
+  if (layout.sequence_parallel && d.tp > 1) {
+    const long tokens = static_cast<long>(layout.micro_batch) * (m.seq / d.cp);
     if (tokens % d.tp != 0)
       p.push_back("sequence parallelism splits the " + s(tokens) + " tokens of a micro-batch (micro-batch x seq / cp) " +
                   "over --tp " + s(d.tp) + ", which does not divide them: change --micro-batch or --seq");

@@ -13,8 +13,12 @@
 //  - pipeline parallelism: this class computes one (micro-batch, chunk) at a time; the pipeline
 //    executor (weft::pipeline) calls it in the schedule's order and moves the boundary tensors.
 //
-// Gradients are added into the spans the trainer gives (the synchronizer's buffer), so
-// micro-batches accumulate there.
+// Backward comes in two parts, as zero-bubble schedules (ZB-H1) want them: `backward` computes
+// the gradient of the chunk's input (what the previous stage waits for) and keeps what the
+// parameter gradients need; `weight` adds the parameter gradients. Other schedules call both in
+// a row. Gradients are added into the spans the trainer gives (the synchronizer's buffer), so
+// micro-batches accumulate there. Activation sets are pooled and reused across micro-batches and
+// steps, so a step allocates nothing once the pool has grown to the schedule's peak.
 
 #include <algorithm>
 #include <chrono>
@@ -104,7 +108,7 @@ class gpt_model {
   /// Gradient groups backward finishes one after another: a layer's parameters (group = its
   /// index), the head's final norm, the embeddings.
   static constexpr int head_group = -2, embedding_group = -1;
-  /// Called during backward as soon as a group's gradients for this micro-batch are added, so
+  /// Called during `weight` as soon as a group's gradients for this micro-batch are added, so
   /// that their reduction can start while the rest of backward runs.
   void on_gradients_added(std::function<void(int chunk, int group)> f) { on_ready_ = std::move(f); }
   /// Called with each tp exchange's name and times (for the timeline).
@@ -120,10 +124,11 @@ class gpt_model {
   /// returned (0 elsewhere).
   double forward(int mb, int chunk, const micro_batch_tokens& batch, std::span<const float> input,
                  std::span<float> output, float loss_scale) {
-    activations& a = acts_[{mb, chunk}];
+    activations& a = acquire(mb, chunk);
     const int first = s_.place.first_layer(s_.model, chunk);
     const int count = s_.place.layers_per_stage(s_.model);
-    std::vector<float> x(rows_ * c_);
+    std::vector<float>& x = a.stream;  // the residual stream, layer to layer
+    x.resize(rows_ * c_);
     if (s_.place.first_stage(chunk)) {
       K::embedding_forward(batch.tokens, batch.positions, param(chunk, -1, param_role::wte),
                            param(chunk, -1, param_role::wpe), x.data(), c_);
@@ -131,14 +136,14 @@ class gpt_model {
       std::copy(input.begin(), input.end(), x.begin());
     }
     a.layers.resize(static_cast<std::size_t>(count));
-    for (int i = 0; i < count; ++i) x = layer_forward(chunk, first + i, a.layers[static_cast<std::size_t>(i)], std::move(x));
+    for (int i = 0; i < count; ++i) layer_forward(chunk, first + i, a.layers[static_cast<std::size_t>(i)], x);
     if (!s_.place.last_stage(chunk)) {
       std::copy(x.begin(), x.end(), output.begin());
       return 0;
     }
     // The head: final layer norm, logits through the tied embedding, cross-entropy.
     const std::size_t v = static_cast<std::size_t>(s_.model.vocab);
-    a.head_in = std::move(x);
+    a.head_in.swap(x);
     a.head_ln.resize(rows_ * c_);
     a.head_mean.resize(rows_);
     a.head_rstd.resize(rows_);
@@ -149,59 +154,109 @@ class gpt_model {
     return K::cross_entropy(a.dlogits.data(), batch.labels, v, loss_scale);
   }
 
-  /// Backward of chunk `chunk` for micro-batch `mb`: adds the parameter gradients and writes the
-  /// gradient of the chunk's input into `input_grad` (empty on the first virtual stage).
-  void backward(int mb, int chunk, const micro_batch_tokens& batch, std::span<const float> output_grad,
-                std::span<float> input_grad) {
-    auto it = acts_.find({mb, chunk});
-    activations& a = it->second;
+  /// The input part of backward for (mb, chunk): writes the gradient of the chunk's input into
+  /// `input_grad` (empty on the first virtual stage) and keeps what `weight` needs.
+  void backward(int mb, int chunk, std::span<const float> output_grad, std::span<float> input_grad) {
+    activations& a = held_set(mb, chunk);
     const int first = s_.place.first_layer(s_.model, chunk);
     const int count = s_.place.layers_per_stage(s_.model);
-    std::vector<float> dx(rows_ * c_);
+    std::vector<float>& dx = a.stream;
+    dx.resize(rows_ * c_);
     if (s_.place.last_stage(chunk)) {
       const std::size_t v = static_cast<std::size_t>(s_.model.vocab);
-      std::vector<float> dln(rows_ * c_);
-      K::logits_backward(a.head_ln.data(), head_wte(chunk), a.dlogits.data(), dln.data(), head_wte_grad(chunk), rows_,
-                         c_, v);
+      a.head_dln.resize(rows_ * c_);
+      K::logits_backward_input(head_wte(chunk), a.dlogits.data(), a.head_dln.data(), rows_, c_, v);
       std::fill(dx.begin(), dx.end(), 0.0f);
-      K::layernorm_backward(a.head_in.data(), param(chunk, -1, param_role::ln_f_w), a.head_mean.data(),
-                            a.head_rstd.data(), dln.data(), dx.data(), grad(chunk, -1, param_role::ln_f_w),
-                            grad(chunk, -1, param_role::ln_f_b), rows_, c_);
+      K::layernorm_backward_input(a.head_in.data(), param(chunk, -1, param_role::ln_f_w), a.head_mean.data(),
+                                  a.head_rstd.data(), a.head_dln.data(), dx.data(), rows_, c_);
     } else {
       std::copy(output_grad.begin(), output_grad.end(), dx.begin());
     }
-    if (s_.place.last_stage(chunk) && on_ready_) on_ready_(chunk, head_group);
+    for (int i = count; i-- > 0;) layer_backward_input(chunk, first + i, a.layers[static_cast<std::size_t>(i)], dx);
+    if (!s_.place.first_stage(chunk)) std::copy(dx.begin(), dx.end(), input_grad.begin());
+    a.input_done = true;
+  }
+
+  /// The parameter part of backward for (mb, chunk), after `backward`: adds every parameter
+  /// gradient of the chunk, group by group, then returns the activation set to the pool.
+  void weight(int mb, int chunk, const micro_batch_tokens& batch) {
+    activations& a = held_set(mb, chunk);
+    if (!a.input_done) throw std::logic_error("train_gpt: weight() before backward() for a micro-batch");
+    const int first = s_.place.first_layer(s_.model, chunk);
+    const int count = s_.place.layers_per_stage(s_.model);
+    if (s_.place.last_stage(chunk)) {
+      const std::size_t v = static_cast<std::size_t>(s_.model.vocab);
+      K::logits_backward_weight(a.head_ln.data(), a.dlogits.data(), head_wte_grad(chunk), rows_, c_, v);
+      K::layernorm_backward_params(a.head_in.data(), a.head_mean.data(), a.head_rstd.data(), a.head_dln.data(),
+                                   grad(chunk, -1, param_role::ln_f_w), grad(chunk, -1, param_role::ln_f_b), rows_, c_);
+      if (on_ready_) on_ready_(chunk, head_group);
+    }
     for (int i = count; i-- > 0;) {
-      dx = layer_backward(chunk, first + i, a.layers[static_cast<std::size_t>(i)], std::move(dx));
+      layer_backward_weight(chunk, first + i, a.layers[static_cast<std::size_t>(i)]);
       if (on_ready_) on_ready_(chunk, first + i);
     }
     if (s_.place.first_stage(chunk)) {
-      K::embedding_backward(batch.tokens, batch.positions, dx.data(), grad(chunk, -1, param_role::wte),
+      // a.stream holds the gradient of the embeddings' output (backward left it there).
+      K::embedding_backward(batch.tokens, batch.positions, a.stream.data(), grad(chunk, -1, param_role::wte),
                             grad(chunk, -1, param_role::wpe), c_);
       if (on_ready_) on_ready_(chunk, embedding_group);
-    } else {
-      std::copy(dx.begin(), dx.end(), input_grad.begin());
     }
-    acts_.erase(it);
+    release(mb, chunk);
   }
 
-  /// Activation sets held now (micro-batches between forward and backward).
-  std::size_t held() const noexcept { return acts_.size(); }
+  /// Activation sets held now (micro-batches between forward and weight).
+  std::size_t held() const noexcept { return live_.size(); }
+  /// Activation sets allocated so far (the peak of held()).
+  std::size_t pooled() const noexcept { return live_.size() + pool_.size(); }
 
  private:
   struct layer_acts {
+    // forward
     std::vector<float> x, ln1, ln1_mean, ln1_rstd, ln1_full, q, k, v, attn, lse, x2, ln2, ln2_mean, ln2_rstd, ln2_full,
         fc, gelu;
+    // backward's input part, kept for the parameter part (the *_full ones with sequence parallelism)
+    std::vector<float> dy, dmlp_full, dfc, dln2, dx2, dproj_full, dqkv, dln1;
   };
   struct activations {
     std::vector<layer_acts> layers;
-    std::vector<float> head_in, head_ln, head_mean, head_rstd, dlogits;
+    std::vector<float> stream, head_in, head_ln, head_mean, head_rstd, dlogits, head_dln;
+    bool input_done = false;
+  };
+  /// Per-call temporaries, reused (one micro-batch computes at a time).
+  struct scratch {
+    std::vector<float> qkv, proj, mlp, dgelu, dattn, dq, dk, dv, dcol, dcol_local, row_local;
   };
   struct key {
     int chunk, layer;
     param_role role;
     auto operator<=>(const key&) const = default;
   };
+
+  activations& acquire(int mb, int chunk) {
+    std::unique_ptr<activations> set;
+    if (!pool_.empty()) {
+      set = std::move(pool_.back());
+      pool_.pop_back();
+    } else {
+      set = std::make_unique<activations>();
+    }
+    set->input_done = false;
+    auto [it, fresh] = live_.emplace(std::pair{mb, chunk}, std::move(set));
+    if (!fresh) throw std::logic_error("train_gpt: forward twice for micro-batch " + std::to_string(mb));
+    return *it->second;
+  }
+  activations& held_set(int mb, int chunk) {
+    auto it = live_.find({mb, chunk});
+    if (it == live_.end())
+      throw std::logic_error("train_gpt: backward for micro-batch " + std::to_string(mb) + " chunk " +
+                             std::to_string(chunk) + " without its forward");
+    return *it->second;
+  }
+  void release(int mb, int chunk) {
+    auto it = live_.find({mb, chunk});
+    pool_.push_back(std::move(it->second));
+    live_.erase(it);
+  }
 
   bool sp() const noexcept { return s_.sequence_parallel && s_.place.tp > 1; }
   std::size_t at(int chunk, int layer, param_role role) const {
@@ -227,49 +282,51 @@ class gpt_model {
     if (on_exchange_) on_exchange_(name, t0, t1);
   }
 
-  /// The whole micro-batch's rows for a column-parallel layer: gathered with sequence
-  /// parallelism, the rank's own rows otherwise.
-  std::vector<float> to_column_input(const std::vector<float>& local) {
-    if (!sp()) return local;
-    std::vector<float> full(n_ * c_);
+  /// With sequence parallelism: the whole micro-batch's rows of `local` gathered into `full`
+  /// (the input of a column-parallel layer). Without it the rank's rows are already whole.
+  void gather_sequence(const std::vector<float>& local, std::vector<float>& full) {
+    full.resize(n_ * c_);
     exchange("tp all-gather (sequence)", [&] {
       weft::tp::all_gather_sequence<B, float>(tp_, {std::span<const float>(local), {rows_, c_}}, std::span<float>(full));
     });
-    return full;
   }
-  /// The gradient of a column-parallel layer's input back to the rank's rows: reduce-scattered
-  /// with sequence parallelism, all-reduced without it (copy_to_tp_region's backward).
-  std::vector<float> from_column_input_grad(std::vector<float> full) {
-    if (tp_size_ == 1) return full;
+  /// The gradient of a column-parallel layer's input (`full`, all rows, this rank's part of the
+  /// sum) into `local`, the rank's rows: reduce-scattered with sequence parallelism, all-reduced
+  /// without it (copy_to_tp_region's backward).
+  void column_input_grad(std::vector<float>& full, std::vector<float>& local) {
+    if (tp_size_ > 1 && !sp())
+      exchange("tp all-reduce (input gradient)",
+               [&] { weft::tp::copy_to_tp_region_backward<B, float>(tp_, std::span<float>(full)); });
     if (!sp()) {
-      exchange("tp all-reduce (input gradient)", [&] { weft::tp::copy_to_tp_region_backward<B, float>(tp_, std::span<float>(full)); });
-      return full;
+      local.swap(full);
+      return;
     }
-    std::vector<float> local(rows_ * c_);
+    local.resize(rows_ * c_);
     exchange("tp reduce-scatter (input gradient)", [&] {
       weft::tp::all_gather_sequence_backward<B, float>(tp_, {std::span<const float>(full), {n_, c_}},
                                                        std::span<float>(local));
     });
-    return local;
   }
-  /// A row-parallel layer's partial output summed over tp, onto the rank's rows.
-  std::vector<float> from_row_output(std::vector<float> partial) {
+  /// A row-parallel layer's partial output (`partial`, all rows) summed over tp onto the rank's
+  /// rows; returns where the sum is (`partial` itself without sequence parallelism).
+  std::vector<float>& row_output(std::vector<float>& partial, std::vector<float>& local) {
     if (tp_size_ == 1) return partial;
     if (!sp()) {
       exchange("tp all-reduce (output)", [&] { weft::tp::reduce_from_tp_region<B, float>(tp_, std::span<float>(partial)); });
       return partial;
     }
-    std::vector<float> local(rows_ * c_);
+    local.resize(rows_ * c_);
     exchange("tp reduce-scatter (sequence)", [&] {
       weft::tp::reduce_scatter_sequence<B, float>(tp_, {std::span<const float>(partial), {n_, c_}},
                                                   std::span<float>(local));
     });
     return local;
   }
-  /// The gradient of a row-parallel layer's output on all the micro-batch's rows.
-  std::vector<float> to_row_output_grad(const std::vector<float>& local) {
+  /// The gradient of a row-parallel layer's output on all the micro-batch's rows: gathered with
+  /// sequence parallelism into `full`; without it, `local` is already all of them.
+  const std::vector<float>& row_output_grad(const std::vector<float>& local, std::vector<float>& full) {
     if (!sp()) return local;
-    std::vector<float> full(n_ * c_);
+    full.resize(n_ * c_);
     exchange("tp all-gather (output gradient)", [&] {
       weft::tp::reduce_scatter_sequence_backward<B, float>(tp_, {std::span<const float>(local), {rows_, c_}},
                                                            std::span<float>(full));
@@ -277,20 +334,23 @@ class gpt_model {
     return full;
   }
 
-  std::vector<float> layer_forward(int chunk, int layer, layer_acts& a, std::vector<float> x) {
+  /// One transformer block; `x` is the residual stream in (kept in a.x) and out.
+  void layer_forward(int chunk, int layer, layer_acts& a, std::vector<float>& x) {
     const std::size_t c = c_, cl = cl_, n = n_, rows = rows_;
-    a.x = std::move(x);
+    a.x.swap(x);
+    x.resize(rows * c);
     a.ln1.resize(rows * c);
     a.ln1_mean.resize(rows);
     a.ln1_rstd.resize(rows);
     K::layernorm_forward(a.x.data(), param(chunk, layer, param_role::ln_1_w), param(chunk, layer, param_role::ln_1_b),
                          a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), rows, c);
-    a.ln1_full = to_column_input(a.ln1);
+    if (sp()) gather_sequence(a.ln1, a.ln1_full);
+    const std::vector<float>& ln1_full = sp() ? a.ln1_full : a.ln1;
     // qkv: [n, 3 cl] as q | k | v, each [n, heads/tp, head_dim].
-    std::vector<float> qkv(n * 3 * cl);
-    const float* wqkv = param(chunk, layer, param_role::attn_w);
-    K::linear_forward(a.ln1_full.data(), wqkv, {param(chunk, layer, param_role::attn_b), 3 * cl}, qkv.data(), n, c,
-                      3 * cl);
+    std::vector<float>& qkv = scratch_.qkv;
+    qkv.resize(n * 3 * cl);
+    K::linear_forward(ln1_full.data(), param(chunk, layer, param_role::attn_w),
+                      {param(chunk, layer, param_role::attn_b), 3 * cl}, qkv.data(), n, c, 3 * cl);
     a.q.resize(n * cl);
     a.k.resize(n * cl);
     a.v.resize(n * cl);
@@ -303,19 +363,15 @@ class gpt_model {
     const std::size_t heads = static_cast<std::size_t>(s_.model.heads) / tp_size_;
     a.lse.resize(n * heads);
     for (std::size_t b = 0; b < static_cast<std::size_t>(s_.micro_batch); ++b) {
-      const std::size_t o = b * t_ * cl;
-      auto run = [&] {
-        attention_.template forward<float>(std::span<const float>(a.q).subspan(o, t_ * cl),
-                                           std::span<const float>(a.k).subspan(o, t_ * cl),
-                                           std::span<const float>(a.v).subspan(o, t_ * cl),
-                                           std::span<float>(a.attn).subspan(o, t_ * cl),
-                                           std::span<float>(a.lse).subspan(b * t_ * heads, t_ * heads));
-      };
-      run();
+      const std::size_t o = b * t_ * cl, w = t_ * cl;
+      attention_.template forward<float>(std::span<const float>(a.q).subspan(o, w), std::span<const float>(a.k).subspan(o, w),
+                                         std::span<const float>(a.v).subspan(o, w), std::span<float>(a.attn).subspan(o, w),
+                                         std::span<float>(a.lse).subspan(b * t_ * heads, t_ * heads));
     }
-    std::vector<float> proj(n * c);
+    std::vector<float>& proj = scratch_.proj;
+    proj.resize(n * c);
     K::linear_forward(a.attn.data(), param(chunk, layer, param_role::attn_proj_w), {}, proj.data(), n, cl, c);
-    std::vector<float> attn_out = from_row_output(std::move(proj));
+    const std::vector<float>& attn_out = row_output(proj, scratch_.row_local);
     const float* bproj = param(chunk, layer, param_role::attn_proj_b);
     a.x2.resize(rows * c);
     for (std::size_t i = 0; i < rows; ++i)
@@ -326,55 +382,51 @@ class gpt_model {
     a.ln2_rstd.resize(rows);
     K::layernorm_forward(a.x2.data(), param(chunk, layer, param_role::ln_2_w), param(chunk, layer, param_role::ln_2_b),
                          a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), rows, c);
-    a.ln2_full = to_column_input(a.ln2);
+    if (sp()) gather_sequence(a.ln2, a.ln2_full);
+    const std::vector<float>& ln2_full = sp() ? a.ln2_full : a.ln2;
     a.fc.resize(n * 4 * cl);
-    K::linear_forward(a.ln2_full.data(), param(chunk, layer, param_role::fc_w), {param(chunk, layer, param_role::fc_b), 4 * cl},
-                      a.fc.data(), n, c, 4 * cl);
+    K::linear_forward(ln2_full.data(), param(chunk, layer, param_role::fc_w),
+                      {param(chunk, layer, param_role::fc_b), 4 * cl}, a.fc.data(), n, c, 4 * cl);
     a.gelu.resize(n * 4 * cl);
     K::gelu_forward(a.fc.data(), a.gelu.data(), n * 4 * cl);
-    std::vector<float> mlp(n * c);
+    std::vector<float>& mlp = scratch_.mlp;
+    mlp.resize(n * c);
     K::linear_forward(a.gelu.data(), param(chunk, layer, param_role::mlp_proj_w), {}, mlp.data(), n, 4 * cl, c);
-    std::vector<float> mlp_out = from_row_output(std::move(mlp));
+    const std::vector<float>& mlp_out = row_output(mlp, scratch_.row_local);
     const float* bmlp = param(chunk, layer, param_role::mlp_proj_b);
-    std::vector<float> y(rows * c);
     for (std::size_t i = 0; i < rows; ++i)
-      for (std::size_t j = 0; j < c; ++j) y[i * c + j] = a.x2[i * c + j] + mlp_out[i * c + j] + bmlp[j];
-    // Keep what backward reads; the rest goes now.
-    if (!sp()) a.ln1_full.clear(), a.ln2_full.clear();
-    return y;
+      for (std::size_t j = 0; j < c; ++j) x[i * c + j] = a.x2[i * c + j] + mlp_out[i * c + j] + bmlp[j];
   }
 
-  std::vector<float> layer_backward(int chunk, int layer, layer_acts& a, std::vector<float> dy) {
+  /// The input part of one block's backward: `dx` is the gradient of the block's output in, of
+  /// its input out; what the parameter gradients need is kept in `a`.
+  void layer_backward_input(int chunk, int layer, layer_acts& a, std::vector<float>& dx) {
     const std::size_t c = c_, cl = cl_, n = n_, rows = rows_;
-    const std::vector<float>& ln1_full = sp() ? a.ln1_full : a.ln1;
-    const std::vector<float>& ln2_full = sp() ? a.ln2_full : a.ln2;
     // MLP: y = x2 + c_proj(gelu(c_fc(ln_2(x2)))).
-    float* dbmlp = grad(chunk, layer, param_role::mlp_proj_b);
-    for (std::size_t i = 0; i < rows; ++i)
-      for (std::size_t j = 0; j < c; ++j) dbmlp[j] += dy[i * c + j];
-    std::vector<float> dmlp = to_row_output_grad(dy);
-    std::vector<float> dgelu(n * 4 * cl);
-    K::linear_backward(a.gelu.data(), param(chunk, layer, param_role::mlp_proj_w), dmlp.data(), dgelu.data(),
-                       grad(chunk, layer, param_role::mlp_proj_w), {}, n, 4 * cl, c);
-    std::vector<float> dfc(n * 4 * cl);
-    K::gelu_backward(a.fc.data(), dgelu.data(), dfc.data(), n * 4 * cl);
-    std::vector<float> dln2_full(n * c);
-    K::linear_backward(ln2_full.data(), param(chunk, layer, param_role::fc_w), dfc.data(), dln2_full.data(),
-                       grad(chunk, layer, param_role::fc_w), {grad(chunk, layer, param_role::fc_b), 4 * cl}, n, c, 4 * cl);
-    std::vector<float> dln2 = from_column_input_grad(std::move(dln2_full));
-    std::vector<float> dx2 = std::move(dy);  // the residual's gradient, then the norm's added
-    K::layernorm_backward(a.x2.data(), param(chunk, layer, param_role::ln_2_w), a.ln2_mean.data(), a.ln2_rstd.data(),
-                          dln2.data(), dx2.data(), grad(chunk, layer, param_role::ln_2_w),
-                          grad(chunk, layer, param_role::ln_2_b), rows, c);
+    a.dy = dx;
+    const std::vector<float>& dmlp = row_output_grad(a.dy, a.dmlp_full);
+    std::vector<float>& dgelu = scratch_.dgelu;
+    dgelu.resize(n * 4 * cl);
+    K::linear_backward_input(param(chunk, layer, param_role::mlp_proj_w), dmlp.data(), dgelu.data(), n, 4 * cl, c);
+    a.dfc.resize(n * 4 * cl);
+    K::gelu_backward(a.fc.data(), dgelu.data(), a.dfc.data(), n * 4 * cl);
+    std::vector<float>& dcol = scratch_.dcol;
+    dcol.resize(n * c);
+    K::linear_backward_input(param(chunk, layer, param_role::fc_w), a.dfc.data(), dcol.data(), n, c, 4 * cl);
+    column_input_grad(dcol, a.dln2);
+    // dx2 = dy + the norm's input gradient.
+    K::layernorm_backward_input(a.x2.data(), param(chunk, layer, param_role::ln_2_w), a.ln2_mean.data(),
+                                a.ln2_rstd.data(), a.dln2.data(), dx.data(), rows, c);
+    a.dx2 = dx;
     // Attention: x2 = x + c_proj(attention(c_attn(ln_1(x)))).
-    float* dbproj = grad(chunk, layer, param_role::attn_proj_b);
-    for (std::size_t i = 0; i < rows; ++i)
-      for (std::size_t j = 0; j < c; ++j) dbproj[j] += dx2[i * c + j];
-    std::vector<float> dproj = to_row_output_grad(dx2);
-    std::vector<float> dattn(n * cl);
-    K::linear_backward(a.attn.data(), param(chunk, layer, param_role::attn_proj_w), dproj.data(), dattn.data(),
-                       grad(chunk, layer, param_role::attn_proj_w), {}, n, cl, c);
-    std::vector<float> dq(n * cl, 0.0f), dk(n * cl, 0.0f), dv(n * cl, 0.0f);
+    const std::vector<float>& dproj = row_output_grad(a.dx2, a.dproj_full);
+    std::vector<float>& dattn = scratch_.dattn;
+    dattn.resize(n * cl);
+    K::linear_backward_input(param(chunk, layer, param_role::attn_proj_w), dproj.data(), dattn.data(), n, cl, c);
+    std::vector<float>&dq = scratch_.dq, &dk = scratch_.dk, &dv = scratch_.dv;
+    dq.assign(n * cl, 0.0f);
+    dk.assign(n * cl, 0.0f);
+    dv.assign(n * cl, 0.0f);
     const std::size_t heads = static_cast<std::size_t>(s_.model.heads) / tp_size_;
     for (std::size_t b = 0; b < static_cast<std::size_t>(s_.micro_batch); ++b) {
       const std::size_t o = b * t_ * cl, w = t_ * cl;
@@ -384,22 +436,38 @@ class gpt_model {
           std::span<const float>(a.lse).subspan(b * t_ * heads, t_ * heads), std::span<const float>(dattn).subspan(o, w),
           std::span<float>(dq).subspan(o, w), std::span<float>(dk).subspan(o, w), std::span<float>(dv).subspan(o, w));
     }
-    std::vector<float> dqkv(n * 3 * cl);
+    a.dqkv.resize(n * 3 * cl);
     for (std::size_t i = 0; i < n; ++i) {
-      std::copy_n(dq.data() + i * cl, cl, dqkv.data() + i * 3 * cl);
-      std::copy_n(dk.data() + i * cl, cl, dqkv.data() + i * 3 * cl + cl);
-      std::copy_n(dv.data() + i * cl, cl, dqkv.data() + i * 3 * cl + 2 * cl);
+      std::copy_n(dq.data() + i * cl, cl, a.dqkv.data() + i * 3 * cl);
+      std::copy_n(dk.data() + i * cl, cl, a.dqkv.data() + i * 3 * cl + cl);
+      std::copy_n(dv.data() + i * cl, cl, a.dqkv.data() + i * 3 * cl + 2 * cl);
     }
-    std::vector<float> dln1_full(n * c);
-    K::linear_backward(ln1_full.data(), param(chunk, layer, param_role::attn_w), dqkv.data(), dln1_full.data(),
-                       grad(chunk, layer, param_role::attn_w), {grad(chunk, layer, param_role::attn_b), 3 * cl}, n, c,
-                       3 * cl);
-    std::vector<float> dln1 = from_column_input_grad(std::move(dln1_full));
-    std::vector<float> dx = std::move(dx2);
-    K::layernorm_backward(a.x.data(), param(chunk, layer, param_role::ln_1_w), a.ln1_mean.data(), a.ln1_rstd.data(),
-                          dln1.data(), dx.data(), grad(chunk, layer, param_role::ln_1_w),
-                          grad(chunk, layer, param_role::ln_1_b), rows, c);
-    return dx;
+    dcol.resize(n * c);
+    K::linear_backward_input(param(chunk, layer, param_role::attn_w), a.dqkv.data(), dcol.data(), n, c, 3 * cl);
+    column_input_grad(dcol, a.dln1);
+    K::layernorm_backward_input(a.x.data(), param(chunk, layer, param_role::ln_1_w), a.ln1_mean.data(),
+                                a.ln1_rstd.data(), a.dln1.data(), dx.data(), rows, c);
+  }
+
+  /// The parameter part of one block's backward, from what the input part kept.
+  void layer_backward_weight(int chunk, int layer, layer_acts& a) {
+    const std::size_t c = c_, cl = cl_, n = n_, rows = rows_;
+    const std::vector<float>& ln1_full = sp() ? a.ln1_full : a.ln1;
+    const std::vector<float>& ln2_full = sp() ? a.ln2_full : a.ln2;
+    K::column_sums(a.dy.data(), {grad(chunk, layer, param_role::mlp_proj_b), c}, rows);
+    const std::vector<float>& dmlp = sp() ? a.dmlp_full : a.dy;
+    const std::vector<float>& dproj = sp() ? a.dproj_full : a.dx2;
+    K::linear_backward_weight(a.gelu.data(), dmlp.data(), grad(chunk, layer, param_role::mlp_proj_w), {}, n, 4 * cl, c);
+    K::linear_backward_weight(ln2_full.data(), a.dfc.data(), grad(chunk, layer, param_role::fc_w),
+                              {grad(chunk, layer, param_role::fc_b), 4 * cl}, n, c, 4 * cl);
+    K::layernorm_backward_params(a.x2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.dln2.data(),
+                                 grad(chunk, layer, param_role::ln_2_w), grad(chunk, layer, param_role::ln_2_b), rows, c);
+    K::column_sums(a.dx2.data(), {grad(chunk, layer, param_role::attn_proj_b), c}, rows);
+    K::linear_backward_weight(a.attn.data(), dproj.data(), grad(chunk, layer, param_role::attn_proj_w), {}, n, cl, c);
+    K::linear_backward_weight(ln1_full.data(), a.dqkv.data(), grad(chunk, layer, param_role::attn_w),
+                              {grad(chunk, layer, param_role::attn_b), 3 * cl}, n, c, 3 * cl);
+    K::layernorm_backward_params(a.x.data(), a.ln1_mean.data(), a.ln1_rstd.data(), a.dln1.data(),
+                                 grad(chunk, layer, param_role::ln_1_w), grad(chunk, layer, param_role::ln_1_b), rows, c);
   }
 
   shape s_;
@@ -410,7 +478,9 @@ class gpt_model {
   weft::cp::ring_attention<B, blas_attention> attention_;
   std::map<key, std::size_t> index_;
   std::vector<std::span<float>> params_, grads_;
-  std::map<std::pair<int, int>, activations> acts_;
+  std::map<std::pair<int, int>, std::unique_ptr<activations>> live_;
+  std::vector<std::unique_ptr<activations>> pool_;
+  scratch scratch_;
   std::size_t c_ = 0, cl_ = 0, t_ = 0, n_ = 0, rows_ = 0, tp_size_ = 1;
   exchange_time exchange_;
   std::function<void(const char*, std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point)>

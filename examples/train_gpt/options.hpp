@@ -30,7 +30,8 @@ run
   --data FILE            training text, one byte a token (default: the corpus built from weft's docs and headers)
 layout (degrees multiply to the ranks; dp defaults to ranks / (tp pp cp))
   --tp N --pp N --dp N --cp N --vp N   tensor, pipeline, data, context parallel degrees; virtual stages per rank
-  --schedule KIND        gpipe, 1f1b (default) or interleaved (needs --vp > 1)
+  --schedule KIND        gpipe, 1f1b (default), interleaved (needs --vp > 1) or zb-h1 (weight gradients
+                         deferred into the bubble)
   --sequence-parallel    with tp > 1: layer norms and dropout-free regions on sequence slices
   --micro-batch N        sequences per micro-batch (default 1)
   --global-batch N       sequences per optimizer step over all ranks (default dp x micro-batch);
@@ -38,6 +39,10 @@ layout (degrees multiply to the ranks; dp defaults to ranks / (tp pp cp))
   --zero1                shard the optimizer state over dp (ZeRO-1)
   --no-overlap           reduce gradients after backward instead of during it
   --bucket-mb X          gradient bucket size in MiB (default 25)
+  --hardware FILE        a description of these ranks measured by `weft-plan --probe FILE` (same launch):
+                         each step also reports the tuner's predicted step time for the layout
+  --plan                 with --hardware: the tuner picks the layout (degrees, virtual stages, micro-batch,
+                         sequence parallelism, ZeRO-1) for the ranks given and prints why
 checkpoints and checks
   --save FILE            write the model to FILE (safetensors, GPT-2 names) and the optimizer state and
                          data position to FILE's name + ".optimizer" (asynchronously; atomic rename)
@@ -69,7 +74,9 @@ struct options {
   bool zero1 = false;
   bool overlap = true;
   double bucket_mb = 25;
-  std::optional<std::string> save, resume, dump_grads, log_json, trace;
+  std::optional<std::string> save, resume, dump_grads, log_json, trace, hardware;
+  bool plan = false;
+  bool layout_flags = false;  // any of --tp --pp --dp --cp --vp --micro-batch --sequence-parallel --zero1 --schedule
   int save_every = 0;
   bool quiet = false;
   std::optional<std::chrono::milliseconds> comm_timeout;
@@ -120,6 +127,8 @@ inline options parse_options(int argc, char** argv) {
     else if (flag == "--zero1") o.zero1 = true;
     else if (flag == "--no-overlap") o.overlap = false;
     else if (flag == "--bucket-mb") o.bucket_mb = real(0.001, 1 << 20);
+    else if (flag == "--hardware") o.hardware = value();
+    else if (flag == "--plan") o.plan = true;
     else if (flag == "--save") o.save = value();
     else if (flag == "--save-every") o.save_every = integer(0, 100'000'000);
     else if (flag == "--resume") o.resume = value();
@@ -130,6 +139,16 @@ inline options parse_options(int argc, char** argv) {
     else if (flag == "--comm-timeout") o.comm_timeout = weft_programs::parse_comm_timeout_flag(flag, value());
     else throw usage_error("unknown option '" + std::string(flag) + "'");
   }
+  for (int i = 1; i < argc; ++i)
+    for (std::string_view f : {"--tp", "--pp", "--dp", "--cp", "--vp", "--micro-batch", "--sequence-parallel", "--zero1",
+                               "--schedule"})
+      if (argv[i] == f) o.layout_flags = true;
+  if (o.plan && o.layout_flags)
+    throw usage_error("--plan chooses the layout: drop --tp --pp --dp --cp --vp --micro-batch --sequence-parallel "
+                      "--zero1 --schedule, or drop --plan to give them yourself");
+  if (o.plan && !o.hardware)
+    throw usage_error("--plan needs --hardware FILE, a description of these ranks: measure it first with "
+                      "`weft-plan --probe FILE` under the same launcher and ranks");
   if (model_name) {
     auto m = named_model(*model_name);
     if (!m) throw usage_error("--model '" + *model_name + "' is not a known shape; known: " + std::string(model_names));
@@ -146,8 +165,8 @@ inline options parse_options(int argc, char** argv) {
     else o.model.seq = v;
     o.model_flags.push_back(flag);
   }
-  if (o.schedule != "gpipe" && o.schedule != "1f1b" && o.schedule != "interleaved")
-    throw usage_error("--schedule '" + o.schedule + "' is not one train_gpt runs: use gpipe, 1f1b or interleaved");
+  if (o.schedule != "gpipe" && o.schedule != "1f1b" && o.schedule != "interleaved" && o.schedule != "zb-h1")
+    throw usage_error("--schedule '" + o.schedule + "' is not one train_gpt runs: use gpipe, 1f1b, interleaved or zb-h1");
   if (o.schedule == "interleaved" && o.vp < 2)
     throw usage_error("--schedule interleaved needs --vp 2 or more (virtual stages per rank)");
   if (o.schedule != "interleaved" && o.vp > 1)

@@ -6,17 +6,23 @@
 // Exit statuses: 0 done; 1 a mistake in the flags or files (one message, from rank 0); 2 any
 // other failure (the rank that failed says why, and the job is aborted so no rank waits).
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <thread>
 #include <optional>
 #include <string>
 
 #include <weft/backend/mpi/backend.hpp>
 #include <weft/comm/communicator.hpp>
+#include <weft/launch/resolve.hpp>
 
 #include "checkpoint_io.hpp"
 #include "command_line.hpp"
 #include "options.hpp"
+#include "planning.hpp"
 #include "trainer.hpp"
 
 namespace {
@@ -65,22 +71,54 @@ int run(const train_gpt::options& o) {
   train_gpt::gpt_config m;
   train_gpt::run_layout layout;
   std::optional<train_gpt::corpus> data;
+  std::optional<weft::tune::measured_hardware> hardware;
+  train_gpt::options run_options = o;
   try {
     m = model_shape(o);
-    layout = train_gpt::resolve_layout(o, m, world.size());
+    if (o.hardware) {
+      hardware = weft::tune::read_hardware(*o.hardware);
+      const int measured = hardware->ranks_per_node * hardware->nodes;
+      if (measured != world.size())
+        throw input_error("the hardware description '" + *o.hardware + "' was measured on " + std::to_string(measured) +
+                          " ranks, but this run has " + std::to_string(world.size()) +
+                          ": probe with `weft-plan --probe` under the same launch");
+    }
+    if (o.plan) {
+      const int global_batch = o.global_batch > 0 ? o.global_batch : 2 * world.size();
+      const train_gpt::planned_layout chosen = train_gpt::plan_layout(m, *hardware, global_batch);
+      if (world.rank() == 0) std::printf("train_gpt --plan: the tuner's choice for %d ranks of this hardware:\n%s\n",
+                                         world.size(), chosen.report.c_str());
+      const weft::tune::layout_choice& c = chosen.layout;
+      run_options.tp = c.parallel.tp, run_options.pp = c.parallel.pp, run_options.cp = c.parallel.cp;
+      run_options.dp = c.parallel.dp, run_options.vp = c.parallel.virtual_stages;
+      run_options.micro_batch = c.micro_batch, run_options.sequence_parallel = c.sequence_parallel;
+      run_options.zero1 = c.sharding_mode == weft::tune::sharding::optimizer;
+      run_options.schedule = run_options.vp > 1 ? "interleaved" : "1f1b";
+      run_options.global_batch = global_batch;
+    }
+    layout = train_gpt::resolve_layout(train_gpt::layout_from_flags(run_options), run_options.global_batch,
+                                       run_options.schedule, m, world.size());
     data = train_gpt::corpus::load(o.data.value_or(WEFT_TRAIN_GPT_DEFAULT_DATA), m.seq, m.vocab);
   } catch (const std::runtime_error& e) {
     throw input_error(e.what());
   }
-  train_gpt::trainer<B> trainer(world, o, m, layout, *data);
+  std::optional<double> predicted;
+  if (hardware) {
+    weft::tune::layout_choice choice = layout.choice;
+    choice.parallel.world_size = world.size();
+    predicted = train_gpt::predicted_step_seconds(m, *hardware, choice, layout.global_batch);
+  }
+  train_gpt::trainer<B> trainer(world, run_options, m, layout, *data, predicted);
   if (world.rank() == 0)
     std::printf("train_gpt: %d layers, hidden %d, %d heads, vocab %d, seq %d (%.2f M parameters) on %d ranks: tp %d "
                 "pp %d dp %d cp %d%s%s, %s schedule, global batch %d = %d micro-batch(es) of %d per dp rank\n",
                 m.layers, m.hidden, m.heads, m.vocab, m.seq, static_cast<double>(m.parameter_count()) / 1e6,
-                world.size(), layout.degrees.tp, layout.degrees.pp, layout.degrees.dp, layout.degrees.cp,
-                layout.degrees.vp > 1 ? (" vp " + std::to_string(layout.degrees.vp)).c_str() : "",
-                o.sequence_parallel && o.tp > 1 ? " +sp" : "", o.schedule.c_str(), layout.global_batch,
-                layout.micro_batches, o.micro_batch);
+                world.size(), layout.degrees().tp, layout.degrees().pp, layout.degrees().dp, layout.degrees().cp,
+                layout.degrees().virtual_stages > 1 ? (" vp " + std::to_string(layout.degrees().virtual_stages)).c_str() : "",
+                layout.sequence_parallel() ? " +sp" : "", o.schedule.c_str(), layout.global_batch, layout.micro_batches,
+                layout.choice.micro_batch);
+  if (predicted && world.rank() == 0)
+    std::printf("the tuner predicts %.1f ms per step for this layout on '%s'\n", *predicted * 1e3, o.hardware->c_str());
   try {
     if (o.resume) {
       trainer.resume(*o.resume);
@@ -95,7 +133,27 @@ int run(const train_gpt::options& o) {
 
 }  // namespace
 
+/// Before MPI starts: settings that depend on how the job sits on this machine.
+void prepare_process() {
+  // More ranks on this node than cores (a laptop, a CI box): let ranks that wait for a message
+  // give the core away instead of spinning on it, or the ranks that have work run at a fraction
+  // of their speed. The launcher's own setting wins.
+  try {
+    const weft::launch_info here = weft::resolve_launch();
+    const unsigned cores = std::thread::hardware_concurrency();
+    if (cores > 0 && static_cast<unsigned>(here.local_world_size) > cores)
+      setenv("OMPI_MCA_mpi_yield_when_idle", "1", /*overwrite=*/0);
+  } catch (const std::exception&) {
+    // contradictory launcher variables: MPI start-up reports them
+  }
+  // Activations and temporaries are freed and allocated again every micro-batch: keep freed
+  // memory in the heap instead of returning it to the system and faulting it in again.
+  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+}
+
 int main(int argc, char** argv) {
+  prepare_process();
   return weft_programs::mpi_main(
       "train_gpt", train_gpt::usage_text, argc, argv,
       [&](int rank) {

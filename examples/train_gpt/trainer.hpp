@@ -41,52 +41,68 @@ namespace train_gpt {
 /// A mistake in the flags or files that every rank finds alike (reported once, exit status 1).
 using weft_programs::input_error;
 
-/// Everything the layout decides, derived from the flags and the number of ranks.
+/// Everything the layout decides, derived from the flags (or the tuner's plan) and the number of
+/// ranks: the tuner's vocabulary (degrees, virtual stages, micro-batch, sequence parallelism),
+/// so a plan runs as it is.
 struct run_layout {
-  layout_degrees degrees;
+  weft::tune::layout_choice choice;
   int micro_batches = 1;  // per optimizer step, per dp rank
   int global_batch = 1;
+
+  const weft::layout::layout_spec& degrees() const noexcept { return choice.parallel; }
+  bool sequence_parallel() const noexcept { return choice.sequence_parallel && choice.parallel.tp > 1; }
 };
 
-inline run_layout resolve_layout(const options& o, const gpt_config& m, int world) {
+/// The layout from the flags: `choice` with dp derived from the ranks when it is 0.
+inline run_layout resolve_layout(weft::tune::layout_choice choice, int global_batch, const std::string& schedule,
+                                 const gpt_config& m, int world) {
   run_layout r;
-  layout_degrees& d = r.degrees;
-  d.tp = o.tp, d.pp = o.pp, d.cp = o.cp, d.vp = o.vp, d.sequence_parallel = o.sequence_parallel,
-  d.micro_batch = o.micro_batch;
-  const long model_parallel = static_cast<long>(o.tp) * o.pp * o.cp;
-  if (o.dp == 0) {
+  weft::layout::layout_spec& d = choice.parallel;
+  d.world_size = world;
+  const long model_parallel = static_cast<long>(d.tp) * d.pp * d.cp;
+  if (d.dp == 0) {
     if (world % model_parallel != 0)
-      throw input_error("--tp " + std::to_string(o.tp) + " x --pp " + std::to_string(o.pp) + " x --cp " +
-                        std::to_string(o.cp) + " = " + std::to_string(model_parallel) + " does not divide the " +
+      throw input_error("--tp " + std::to_string(d.tp) + " x --pp " + std::to_string(d.pp) + " x --cp " +
+                        std::to_string(d.cp) + " = " + std::to_string(model_parallel) + " does not divide the " +
                         std::to_string(world) + " ranks: launch a multiple of " + std::to_string(model_parallel) +
                         " ranks or change the degrees");
     d.dp = static_cast<int>(world / model_parallel);
-  } else {
-    d.dp = o.dp;
-    if (model_parallel * o.dp != world)
-      throw input_error("--tp " + std::to_string(o.tp) + " x --pp " + std::to_string(o.pp) + " x --cp " +
-                        std::to_string(o.cp) + " x --dp " + std::to_string(o.dp) + " = " +
-                        std::to_string(model_parallel * o.dp) + " ranks, but " + std::to_string(world) +
-                        " were launched: make the degrees multiply to the ranks (or leave --dp out)");
+  } else if (model_parallel * d.dp != world) {
+    throw input_error("--tp " + std::to_string(d.tp) + " x --pp " + std::to_string(d.pp) + " x --cp " +
+                      std::to_string(d.cp) + " x --dp " + std::to_string(d.dp) + " = " +
+                      std::to_string(model_parallel * d.dp) + " ranks, but " + std::to_string(world) +
+                      " were launched: make the degrees multiply to the ranks (or leave --dp out)");
   }
-  r.global_batch = o.global_batch > 0 ? o.global_batch : d.dp * o.micro_batch;
-  if (r.global_batch % (d.dp * o.micro_batch) != 0)
+  const int micro_batch = choice.micro_batch;
+  r.global_batch = global_batch > 0 ? global_batch : d.dp * micro_batch;
+  if (r.global_batch % (d.dp * micro_batch) != 0)
     throw input_error("--global-batch " + std::to_string(r.global_batch) + " is not a multiple of dp " +
-                      std::to_string(d.dp) + " x --micro-batch " + std::to_string(o.micro_batch) +
+                      std::to_string(d.dp) + " x --micro-batch " + std::to_string(micro_batch) +
                       ": every dp rank runs whole micro-batches; pick a global batch divisible by " +
-                      std::to_string(d.dp * o.micro_batch));
-  r.micro_batches = r.global_batch / (d.dp * o.micro_batch);
-  if (o.pp > 1 && o.schedule == "interleaved" && r.micro_batches % o.pp != 0)
+                      std::to_string(d.dp * micro_batch));
+  r.micro_batches = r.global_batch / (d.dp * micro_batch);
+  if (d.pp > 1 && schedule == "interleaved" && r.micro_batches % d.pp != 0)
     throw input_error("the interleaved schedule runs micro-batches in groups of pp: " + std::to_string(r.micro_batches) +
                       " micro-batches per step (global batch / (dp x micro-batch)) is not a multiple of --pp " +
-                      std::to_string(o.pp) + "; change --global-batch or --micro-batch");
-  std::vector<std::string> problems = shape_problems(m, d);
+                      std::to_string(d.pp) + "; change --global-batch or --micro-batch");
+  std::vector<std::string> problems = shape_problems(m, choice);
   if (!problems.empty()) {
     std::string text = problems.front();
     for (std::size_t i = 1; i < problems.size(); ++i) text += "; " + problems[i];
     throw input_error(text);
   }
+  r.choice = std::move(choice);
   return r;
+}
+
+/// The layout the flags ask for.
+inline weft::tune::layout_choice layout_from_flags(const options& o) {
+  weft::tune::layout_choice c;
+  c.parallel = {.tp = o.tp, .cp = o.cp, .pp = o.pp, .dp = o.dp, .virtual_stages = o.vp};
+  c.micro_batch = o.micro_batch;
+  c.sequence_parallel = o.sequence_parallel;
+  c.sharding_mode = o.zero1 ? weft::tune::sharding::optimizer : weft::tune::sharding::none;
+  return c;
 }
 
 /// Deterministic initial values, whatever the layout: every whole tensor from (seed, name),
@@ -138,18 +154,20 @@ class trainer {
   using clock = std::chrono::steady_clock;
 
  public:
-  trainer(comm& world, options o, gpt_config m, run_layout r, const corpus& data)
-      : world_(world), o_(std::move(o)), m_(m), r_(r), data_(data),
-        groups_(world, weft::layout::rank_layout(weft::layout::layout_spec{.world_size = world.size(),
-                                                                            .tp = r.degrees.tp,
-                                                                            .cp = r.degrees.cp,
-                                                                            .pp = r.degrees.pp,
-                                                                            .dp = r.degrees.dp})),
+  /// `predicted_step_s`: the tuner's step time for this layout, reported beside the measured one.
+  trainer(comm& world, options o, gpt_config m, run_layout r, const corpus& data,
+          std::optional<double> predicted_step_s = std::nullopt)
+      : world_(world), o_(std::move(o)), m_(m), r_(r), data_(data), predicted_(predicted_step_s),
+        groups_(world, weft::layout::rank_layout(r.degrees())),
         coords_(groups_.coordinates()),
-        place_{.tp_rank = coords_.tp, .tp = r.degrees.tp, .pp_rank = coords_.pp, .pp = r.degrees.pp, .vp = r.degrees.vp},
+        place_{.tp_rank = coords_.tp,
+               .tp = r.degrees().tp,
+               .pp_rank = coords_.pp,
+               .pp = r.degrees().pp,
+               .vp = r.degrees().virtual_stages},
         specs_(rank_parameters(m_, place_)),
-        model_({.model = m_, .place = place_, .sequence_parallel = r.degrees.sequence_parallel,
-                .micro_batch = r.degrees.micro_batch, .cp = r.degrees.cp},
+        model_({.model = m_, .place = place_, .sequence_parallel = r.sequence_parallel(),
+                .micro_batch = r.choice.micro_batch, .cp = r.degrees().cp},
                specs_, groups_.tp(), groups_.cp()),
         sync_(groups_.get(weft::layout::group_kind::dp_cp),
               {.bucket_bytes = static_cast<std::size_t>(o_.bucket_mb * (1 << 20)),
@@ -180,7 +198,7 @@ class trainer {
     }
     m1_.assign(opt_size_, 0.0f);
     m2_.assign(opt_size_, 0.0f);
-    own_ = {.tp_rank = coords_.tp, .tp = r.degrees.tp, .data_leader = coords_.dp == 0 && coords_.cp == 0};
+    own_ = {.tp_rank = coords_.tp, .tp = r.degrees().tp, .data_leader = coords_.dp == 0 && coords_.cp == 0};
     for (int c = 0; c < place_.vp; ++c) chunk_params_.emplace_back();
     for (std::size_t i = 0; i < specs_.size(); ++i) chunk_params_[static_cast<std::size_t>(specs_[i].chunk)].push_back(i);
   }
@@ -231,7 +249,7 @@ class trainer {
   int run() {
     const int rank = world_.rank();
     const corpus& data = data_;
-    const int per_dp = r_.global_batch / r_.degrees.dp;
+    const int per_dp = r_.global_batch / r_.degrees().dp;
     batch_loader loader(
         [&](std::int64_t step) { return data.sequences(o_.seed, step, coords_.dp * per_dp, per_dp, m_.seq); }, step_,
         o_.steps);
@@ -254,6 +272,7 @@ class trainer {
     auto waited_until = [&](clock::time_point now) {
       if (last_end && place_.pp > 1) trace_.add("waiting for the pipeline", "pipeline", *last_end, now);
     };
+    const bool split_backward = o_.schedule == "zb-h1";  // weight gradients in their own pass
     weft::pipeline::stage_callbacks<float> callbacks;
     callbacks.forward = [&](int mb, int chunk, std::span<const float> input, std::span<float> output) {
       const auto t0 = clock::now();
@@ -265,11 +284,25 @@ class trainer {
     callbacks.backward = [&](int mb, int chunk, std::span<const float> output_grad, std::span<float> input_grad) {
       const auto t0 = clock::now();
       waited_until(t0);
-      model_.backward(mb, chunk, batches[static_cast<std::size_t>(mb)], output_grad, input_grad);
-      trace_.add("backward mb " + std::to_string(mb) + " chunk " + std::to_string(chunk), "compute", t0, clock::now());
-      ++backward_count[static_cast<std::size_t>(chunk)];
+      model_.backward(mb, chunk, output_grad, input_grad);
+      if (!split_backward) {
+        model_.weight(mb, chunk, batches[static_cast<std::size_t>(mb)]);
+        ++backward_count[static_cast<std::size_t>(chunk)];
+      }
       last_end = clock::now();
+      trace_.add("backward mb " + std::to_string(mb) + " chunk " + std::to_string(chunk), "compute", t0, *last_end);
     };
+    if (split_backward) {
+      callbacks.weight = [&](int mb, int chunk) {
+        const auto t0 = clock::now();
+        waited_until(t0);
+        model_.weight(mb, chunk, batches[static_cast<std::size_t>(mb)]);
+        ++backward_count[static_cast<std::size_t>(chunk)];
+        last_end = clock::now();
+        trace_.add("weight gradients mb " + std::to_string(mb) + " chunk " + std::to_string(chunk), "compute", t0,
+                   *last_end);
+      };
+    }
     // On a chunk's last micro-batch, each group's gradients are final as soon as backward has
     // added them: hand them to the synchronizer then, so their buckets reduce during the rest of
     // backward.
@@ -281,9 +314,10 @@ class trainer {
       trace_.add("gradients handed to the reduction", "dp reduction", t1, clock::now());
     });
     weft::pipeline::schedule table = weft::pipeline::make_schedule(
-        {.kind = o_.schedule == "gpipe" ? weft::pipeline::schedule_kind::gpipe
+        {.kind = o_.schedule == "gpipe"         ? weft::pipeline::schedule_kind::gpipe
                  : o_.schedule == "interleaved" ? weft::pipeline::schedule_kind::interleaved
-                                                 : weft::pipeline::schedule_kind::one_f_one_b,
+                 : o_.schedule == "zb-h1"       ? weft::pipeline::schedule_kind::zb_h1
+                                                : weft::pipeline::schedule_kind::one_f_one_b,
          .stages = place_.pp,
          .micro_batches = r_.micro_batches,
          .virtual_stages = place_.vp,
@@ -308,8 +342,8 @@ class trainer {
         b.tokens.clear(), b.labels.clear(), b.positions.clear();
         std::vector<std::int32_t> all_tokens, all_labels;
         std::vector<std::int64_t> all_positions;
-        for (int s = 0; s < r_.degrees.micro_batch; ++s) {
-          const std::int32_t* seq = slice.data() + static_cast<std::size_t>(mb * r_.degrees.micro_batch + s) * seq1;
+        for (int s = 0; s < r_.choice.micro_batch; ++s) {
+          const std::int32_t* seq = slice.data() + static_cast<std::size_t>(mb * r_.choice.micro_batch + s) * seq1;
           for (std::int64_t p : positions) {
             all_tokens.push_back(seq[p]);
             all_labels.push_back(seq[p + 1]);
@@ -349,7 +383,7 @@ class trainer {
 
       // Loss over the global batch: rows are disjoint over dp, cp and (with sequence parallelism)
       // tp; without it every tp rank computed the same rows, so only tp rank 0 counts them.
-      double loss = (r_.degrees.sequence_parallel || coords_.tp == 0) ? loss_sum : 0.0;
+      double loss = (r_.sequence_parallel() || coords_.tp == 0) ? loss_sum : 0.0;
       world_.all_reduce(std::span<double>(&loss, 1));
       loss /= tokens_per_step;
       const double step_s = std::chrono::duration<double>(clock::now() - t0).count();
@@ -381,7 +415,9 @@ class trainer {
         if (log_json.is_open()) {
           log_json << "{\"step\": " << step + 1 << ", \"loss\": " << loss << ", \"tokens_per_s\": " << tps
                    << ", \"step_time_s\": " << times[2] << ", \"exposed_comm_s\": " << times[0]
-                   << ", \"bubble_s\": " << times[1] << ", \"max_rss_bytes\": " << peak_memory << "}\n";
+                   << ", \"bubble_s\": " << times[1] << ", \"max_rss_bytes\": " << peak_memory;
+          if (predicted_) log_json << ", \"predicted_step_time_s\": " << *predicted_;
+          log_json << "}\n";
           log_json.flush();
         }
       }
@@ -405,8 +441,11 @@ class trainer {
                   "(tp %d pp %d dp %d cp %d, %d micro-batches of %d)\n",
                   static_cast<long long>(o_.steps - step_), first_loss, last_loss, median * 1e3,
                   median > 0 ? tokens_per_step / median : 0.0,
-                  std::chrono::duration<double>(clock::now() - run_start).count(), place_.tp, place_.pp, r_.degrees.dp,
-                  r_.degrees.cp, r_.micro_batches, r_.degrees.micro_batch);
+                  std::chrono::duration<double>(clock::now() - run_start).count(), place_.tp, place_.pp, r_.degrees().dp,
+                  r_.degrees().cp, r_.micro_batches, r_.choice.micro_batch);
+      if (predicted_)
+        std::printf("predicted step %.1f ms (the tuner, from the measured hardware), measured %.1f ms: ratio %.2f\n",
+                    *predicted_ * 1e3, median * 1e3, median > 0 ? *predicted_ / median : 0.0);
     }
     return 0;
   }
@@ -458,7 +497,7 @@ class trainer {
   /// over tp for what tp replicates when sequence parallelism split the tokens, and over the
   /// first and last stages for the tied embedding.
   void sum_split_gradient(std::size_t i) {
-    if (r_.degrees.sequence_parallel && place_.tp > 1 && specs_[i].split == tp_split::replicated)
+    if (r_.sequence_parallel() && specs_[i].split == tp_split::replicated)
       groups_.tp().all_reduce(sync_.grad(i));
     if (specs_[i].role == param_role::wte && place_.pp > 1)
       groups_.get(weft::layout::group_kind::embedding).all_reduce(sync_.grad(i));
@@ -515,7 +554,7 @@ class trainer {
                         {"seed", std::to_string(o_.seed)},
                         {"data_position", "step " + std::to_string(step) + " of the (seed, step) sampler"},
                         {"layout", "tp " + std::to_string(place_.tp) + " pp " + std::to_string(place_.pp) + " dp " +
-                                       std::to_string(r_.degrees.dp) + " cp " + std::to_string(r_.degrees.cp)}};
+                                       std::to_string(r_.degrees().dp) + " cp " + std::to_string(r_.degrees().cp)}};
       for (auto& r : whole_records(index_, m1, "exp_avg.")) state.tensors.push_back(std::move(r));
       for (auto& r : whole_records(index_, m2, "exp_avg_sq.")) state.tensors.push_back(std::move(r));
       // The model file is renamed into place last: a model file is never newer than its state.
@@ -569,6 +608,7 @@ class trainer {
   gpt_config m_;
   run_layout r_;
   const corpus& data_;
+  std::optional<double> predicted_;
   weft::process_groups<B> groups_;
   weft::layout::rank_coordinates coords_;
   model_place place_;

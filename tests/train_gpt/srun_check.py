@@ -21,6 +21,7 @@ def main():
                "--heads", "4", "--seq", "32", "--positions", "64", "--steps", "6", "--lr", "3e-3", "--global-batch", "4"]
     try:
         with private_slurm.cluster(4) as env:
+            env["OMPI_MCA_mpi_yield_when_idle"] = "1"  # 4 ranks on fewer cores: waiting ranks yield
             try:
                 run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=180)
             except subprocess.TimeoutExpired:

@@ -93,21 +93,35 @@ TEST_CASE("pipeline stages and virtual stages hold every layer once; the last st
   CHECK(rank_parameters(m, model_place{.pp_rank = 1, .pp = 2}).front().name == "wte.weight");
 }
 
-TEST_CASE("shape problems name the flag and the fix") {
-  gpt_config m = shape();
-  CHECK(shape_problems(m, {}).empty());
-  auto has = [](const std::vector<std::string>& p, const std::string& text) {
-    return std::any_of(p.begin(), p.end(), [&](const std::string& s) { return s.find(text) != std::string::npos; });
-  };
-  CHECK(has(shape_problems(m, {.tp = 3}), "--heads 4 is not divisible by --tp 3"));
-  CHECK(has(shape_problems(m, {.pp = 3}), "--layers 4 do not split over --pp 3"));
-  CHECK(has(shape_problems(m, {.cp = 3}), "--cp 3"));
-  CHECK(shape_problems(m, {.tp = 2, .sequence_parallel = true, .micro_batch = 1}).empty());  // 32 tokens over 2
-  m.seq = 20;  // 2 chunks per cp rank: cp 2 gives 10 tokens a rank, which tp 4 cannot slice
-  CHECK(has(shape_problems(m, {.tp = 4, .cp = 2, .sequence_parallel = true, .micro_batch = 1}), "does not divide them"));
-  CHECK(shape_problems(m, {.tp = 4, .cp = 2, .sequence_parallel = true, .micro_batch = 2}).empty());
-  CHECK(has(shape_problems(m, {.cp = 3}), "--seq 20 does not split over --cp 3"));
+namespace {
+weft::tune::layout_choice layout(int tp, int pp, int cp, int vp = 1, bool sp = false, int micro_batch = 1) {
+  weft::tune::layout_choice c;
+  c.parallel = {.tp = tp, .cp = cp, .pp = pp, .dp = 1, .virtual_stages = vp};
+  c.sequence_parallel = sp;
+  c.micro_batch = micro_batch;
+  return c;
+}
+bool has(const std::vector<std::string>& problems, const std::string& text) {
+  return std::any_of(problems.begin(), problems.end(),
+                     [&](const std::string& s) { return s.find(text) != std::string::npos; });
+}
+}  // namespace
+
+TEST_CASE("shape problems: weft's divisibility rules and GPT-2's own, each naming the fix") {
+  gpt_config m = shape();  // 4 layers, 4 heads, seq 32, 64 positions
+  CHECK(shape_problems(m, layout(1, 1, 1)).empty());
+  CHECK(has(shape_problems(m, layout(3, 1, 1)), "4 attention heads do not divide over tp=3"));
+  CHECK(has(shape_problems(m, layout(1, 3, 1)), "4 layers do not divide over pp=3"));
+  CHECK(has(shape_problems(m, layout(1, 2, 1, 4)), "4 layers do not divide over pp=2 x virtual stages=4"));
+  CHECK(has(shape_problems(m, layout(1, 1, 3)), "does not split into 2 x cp=6 equal chunks"));
+  CHECK(shape_problems(m, layout(2, 1, 1, 1, true)).empty());  // 32 tokens over tp 2
+  m.seq = 20;  // cp 2 gives each rank 10 tokens, which tp 4 cannot slice; 2 sequences per micro-batch can
+  CHECK(has(shape_problems(m, layout(4, 1, 2, 1, true)), "does not divide them"));
+  CHECK(shape_problems(m, layout(4, 1, 2, 1, true, 2)).empty());
   m.seq = 100;
-  CHECK(has(shape_problems(m, {}), "--seq 100 is longer than the model's 64 positions"));
+  CHECK(has(shape_problems(m, layout(1, 1, 1)), "--seq 100 is longer than the model's 64 positions"));
+  m = shape();
+  m.hidden = 66;
+  CHECK(has(shape_problems(m, layout(1, 1, 1)), "--hidden 66 is not divisible by --heads 4"));
   CHECK(gpt_config{12, 768, 12, 50257, 1024, 1024}.parameter_count() == 124'439'808);  // GPT-2 small, as published
 }

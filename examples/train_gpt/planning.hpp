@@ -1,0 +1,70 @@
+#pragma once
+// train_gpt and weft's tuner: the model and software as the tuner sees them, the prediction for
+// the layout in use (--hardware), and the layout the tuner picks for the ranks given (--plan).
+
+#include <string>
+
+#include <weft/tune/cost_model.hpp>
+#include <weft/tune/hardware_file.hpp>
+#include <weft/tune/report.hpp>
+#include <weft/tune/search.hpp>
+
+#include "gpt_config.hpp"
+
+namespace train_gpt {
+
+/// GPT-2 as the tuner describes a model.
+inline weft::tune::model_desc tuner_model(const gpt_config& m) {
+  return {.layers = m.layers, .hidden = m.hidden, .heads = m.heads, .vocab = m.vocab, .seq = m.seq,
+          .tied_embeddings = true};
+}
+
+/// What train_gpt can run: sequence, context and interleaved pipeline parallelism, gradient
+/// reduction overlapped with backward, ZeRO-1, no recomputation; attention skips the masked
+/// half of the causal scores; float32 gradients.
+inline weft::tune::software_desc tuner_software() {
+  return {.flash_attention = true,
+          .sequence_parallel = true,
+          .interleaved_schedule = true,
+          .context_parallel = true,
+          .overlap_dp = true,
+          .overlap_tp = false,
+          .max_sharding = weft::tune::sharding::optimizer,
+          .selective_recompute = false,
+          .gradient_bytes = 4};
+}
+
+/// The tuner's step time (seconds) for `layout` (with its world size set) on measured hardware.
+inline double predicted_step_seconds(const gpt_config& m, const weft::tune::measured_hardware& hw,
+                                     const weft::tune::layout_choice& layout, int global_batch) {
+  return weft::tune::predict(tuner_model(m), hw, {.global_batch = global_batch}, layout, tuner_software()).time.step;
+}
+
+/// The best layout for `world` ranks of the measured hardware, and the tuner's report on it
+/// (the headline, then the table of the best few and why the usual alternatives lose).
+struct planned_layout {
+  weft::tune::layout_choice layout;
+  std::string report;
+};
+
+inline planned_layout plan_layout(const gpt_config& m, const weft::tune::measured_hardware& hw, int global_batch) {
+  using namespace weft::tune;
+  const model_desc model = tuner_model(m);
+  const cluster_desc cluster = cluster_of(hw);
+  const job_desc job{.global_batch = global_batch};
+  search_options options{.top = 5, .software = tuner_software(), .calib = calibration_of(hw)};
+  options.fixed.recompute_mode = recompute::none;
+  const search_result result = search(model, cluster, job, options);
+  if (result.plans.empty())
+    weft::fail("--plan: no layout of " + std::to_string(gpu_count(cluster)) + " ranks fits this model with a global batch of " +
+         std::to_string(global_batch) + " sequences (" +
+         (result.smallest ? "the closest needs " + std::to_string(result.smallest->memory.total / 1e9) + " GB per rank"
+                          : std::string("no valid layout: check that the global batch divides over the ranks")) +
+         ")");
+  const plan& best = result.plans.front();
+  const explanation why = explain(best, model, cluster, job,
+                                  {.top = 1, .software = options.software, .calib = options.calib});
+  return {best.config, headline(best, why, job) + "\n" + format_table(result.plans) + to_text(why)};
+}
+
+}  // namespace train_gpt
