@@ -13,8 +13,9 @@
 namespace train_gpt {
 
 inline constexpr const char* usage_text = R"(usage: train_gpt [options]
-Trains GPT-2 on byte-level text on every rank of an MPI or Slurm job (srun -n N ./train_gpt,
-mpirun -n N ./train_gpt, or torchrun-style variables), on any tp x pp x dp x cp layout.
+Trains GPT-2 on byte-level text on every rank of an MPI job (srun -n N ./train_gpt or
+mpirun -n N ./train_gpt; launcher variables, torchrun's included, are checked against MPI's
+view), on any tp x pp x dp x cp layout.
 
 model
   --model NAME           a named shape: gpt2 (= gpt2-small), gpt2-medium, gpt2-large, gpt2-xl, tiny, small

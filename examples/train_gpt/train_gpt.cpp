@@ -17,6 +17,7 @@
 
 #include <weft/backend/mpi/backend.hpp>
 #include <weft/comm/communicator.hpp>
+#include <weft/launch/mpi_cross_check.hpp>
 #include <weft/launch/resolve.hpp>
 
 #include "checkpoint_io.hpp"
@@ -64,6 +65,10 @@ train_gpt::gpt_config model_shape(const train_gpt::options& o) {
 
 int run(const train_gpt::options& o) {
   using B = weft::mpi_backend;
+  // The launcher's variables (Slurm's, Open MPI's, torchrun's) against MPI's own view: variables
+  // left from another launch, or a launcher that started separate MPI worlds, stop here with a
+  // message naming them, instead of training N unrelated models.
+  weft::resolve_launch_with_mpi();
   weft::communicator<B> world(B::comm::world(), "world");
   if (o.comm_timeout) world.set_timeout(*o.comm_timeout);
   // Every rank checks the flags and files alike, so a mistake stops every rank with one message
