@@ -49,6 +49,8 @@
 #include <weft/tp/tensor_view.hpp>
 #include <weft/tune/cost_model.hpp>
 #include <weft/tune/hardware.hpp>
+#include <weft/tune/hardware_file.hpp>
+#include <weft/tune/layout.hpp>
 #include <weft/tune/model.hpp>
 #include <weft/tune/report.hpp>
 #include <weft/tune/search.hpp>
