@@ -201,11 +201,11 @@ struct cpu_kernels {
     }
   }
 
-  static void add(const float* a, const float* b, float* y, std::size_t n) {
-    for (std::size_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
-  }
-  static void add_into(float* y, const float* a, std::size_t n) {
-    for (std::size_t i = 0; i < n; ++i) y[i] += a[i];
+  /// The residual connection after a row-parallel layer: y = x + out + bias per row ([T, C]).
+  static void residual_add(const float* x, const float* out, const float* bias, float* y, std::size_t tokens,
+                           std::size_t c) {
+    for (std::size_t t = 0; t < tokens; ++t)
+      for (std::size_t j = 0; j < c; ++j) y[t * c + j] = x[t * c + j] + out[t * c + j] + bias[j];
   }
 
   // ---- the tied output layer and the loss ---------------------------------------------------

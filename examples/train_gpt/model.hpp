@@ -54,12 +54,6 @@ struct micro_batch_tokens {
   std::vector<std::int64_t> positions;
 };
 
-/// Time spent blocked in this rank's tp and cp exchanges (all of it is exposed: they sit between
-/// the computations that need them).
-struct exchange_time {
-  double seconds = 0;
-};
-
 template <weft::backend B>
 class gpt_model {
   using comm = weft::communicator<B>;
@@ -98,13 +92,14 @@ class gpt_model {
   std::size_t boundary_elements() const noexcept { return rows_ * c_; }
   /// Global positions of this cp rank's tokens within a sequence.
   std::vector<std::int64_t> sequence_positions() const { return weft::cp::positions(split_, cp_.rank()); }
-  const weft::cp::sequence_split& split() const noexcept { return split_; }
   /// Rows of the micro-batch this rank computes at the model's ends, out of all its cp rank's
   /// tokens (micro_batch x seq / cp): all of them, or its sequence-parallel slice.
   std::pair<std::size_t, std::size_t> row_range() const noexcept {
     return sp() ? std::pair{static_cast<std::size_t>(tp_.rank()) * rows_, rows_} : std::pair{std::size_t{0}, rows_};
   }
-  double exchange_seconds() const noexcept { return exchange_.seconds; }
+  /// Time blocked in this rank's tp exchanges since the last reset (all exposed: they sit between
+  /// the computations that need them).
+  double exchange_seconds() const noexcept { return exchange_seconds_; }
   /// Gradient groups backward finishes one after another: a layer's parameters (group = its
   /// index), the head's final norm, the embeddings.
   static constexpr int head_group = -2, embedding_group = -1;
@@ -116,7 +111,7 @@ class gpt_model {
                                       std::chrono::steady_clock::time_point)> f) {
     on_exchange_ = std::move(f);
   }
-  void reset_exchange_seconds() noexcept { exchange_.seconds = 0; }
+  void reset_exchange_seconds() noexcept { exchange_seconds_ = 0; }
 
   /// Forward of chunk `chunk` for micro-batch `mb`. On the first virtual stage `input` is empty
   /// and the tokens are embedded; on the last, `output` is empty and the loss is computed with
@@ -204,10 +199,6 @@ class gpt_model {
     release(mb, chunk);
   }
 
-  /// Activation sets held now (micro-batches between forward and weight).
-  std::size_t held() const noexcept { return live_.size(); }
-  /// Activation sets allocated so far (the peak of held()).
-  std::size_t pooled() const noexcept { return live_.size() + pool_.size(); }
 
  private:
   struct layer_acts {
@@ -278,7 +269,7 @@ class gpt_model {
     const auto t0 = std::chrono::steady_clock::now();
     f();
     const auto t1 = std::chrono::steady_clock::now();
-    exchange_.seconds += std::chrono::duration<double>(t1 - t0).count();
+    exchange_seconds_ += std::chrono::duration<double>(t1 - t0).count();
     if (on_exchange_) on_exchange_(name, t0, t1);
   }
 
@@ -334,18 +325,29 @@ class gpt_model {
     return full;
   }
 
+  /// The layer norm in front of a column-parallel layer: normalises the rank's rows of `x` into
+  /// `ln` (keeping the statistics) and returns the column layer's input: `ln` itself, or with
+  /// sequence parallelism the whole micro-batch's rows gathered into `full`.
+  const std::vector<float>& column_input_norm(const std::vector<float>& x, const float* w, const float* b,
+                                              std::vector<float>& ln, std::vector<float>& mean,
+                                              std::vector<float>& rstd, std::vector<float>& full) {
+    ln.resize(rows_ * c_);
+    mean.resize(rows_);
+    rstd.resize(rows_);
+    K::layernorm_forward(x.data(), w, b, ln.data(), mean.data(), rstd.data(), rows_, c_);
+    if (!sp()) return ln;
+    gather_sequence(ln, full);
+    return full;
+  }
+
   /// One transformer block; `x` is the residual stream in (kept in a.x) and out.
   void layer_forward(int chunk, int layer, layer_acts& a, std::vector<float>& x) {
     const std::size_t c = c_, cl = cl_, n = n_, rows = rows_;
     a.x.swap(x);
     x.resize(rows * c);
-    a.ln1.resize(rows * c);
-    a.ln1_mean.resize(rows);
-    a.ln1_rstd.resize(rows);
-    K::layernorm_forward(a.x.data(), param(chunk, layer, param_role::ln_1_w), param(chunk, layer, param_role::ln_1_b),
-                         a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), rows, c);
-    if (sp()) gather_sequence(a.ln1, a.ln1_full);
-    const std::vector<float>& ln1_full = sp() ? a.ln1_full : a.ln1;
+    const std::vector<float>& ln1_full =
+        column_input_norm(a.x, param(chunk, layer, param_role::ln_1_w), param(chunk, layer, param_role::ln_1_b), a.ln1,
+                          a.ln1_mean, a.ln1_rstd, a.ln1_full);
     // qkv: [n, 3 cl] as q | k | v, each [n, heads/tp, head_dim].
     std::vector<float>& qkv = scratch_.qkv;
     qkv.resize(n * 3 * cl);
@@ -372,18 +374,12 @@ class gpt_model {
     proj.resize(n * c);
     K::linear_forward(a.attn.data(), param(chunk, layer, param_role::attn_proj_w), {}, proj.data(), n, cl, c);
     const std::vector<float>& attn_out = row_output(proj, scratch_.row_local);
-    const float* bproj = param(chunk, layer, param_role::attn_proj_b);
     a.x2.resize(rows * c);
-    for (std::size_t i = 0; i < rows; ++i)
-      for (std::size_t j = 0; j < c; ++j) a.x2[i * c + j] = a.x[i * c + j] + attn_out[i * c + j] + bproj[j];
+    K::residual_add(a.x.data(), attn_out.data(), param(chunk, layer, param_role::attn_proj_b), a.x2.data(), rows, c);
 
-    a.ln2.resize(rows * c);
-    a.ln2_mean.resize(rows);
-    a.ln2_rstd.resize(rows);
-    K::layernorm_forward(a.x2.data(), param(chunk, layer, param_role::ln_2_w), param(chunk, layer, param_role::ln_2_b),
-                         a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), rows, c);
-    if (sp()) gather_sequence(a.ln2, a.ln2_full);
-    const std::vector<float>& ln2_full = sp() ? a.ln2_full : a.ln2;
+    const std::vector<float>& ln2_full =
+        column_input_norm(a.x2, param(chunk, layer, param_role::ln_2_w), param(chunk, layer, param_role::ln_2_b), a.ln2,
+                          a.ln2_mean, a.ln2_rstd, a.ln2_full);
     a.fc.resize(n * 4 * cl);
     K::linear_forward(ln2_full.data(), param(chunk, layer, param_role::fc_w),
                       {param(chunk, layer, param_role::fc_b), 4 * cl}, a.fc.data(), n, c, 4 * cl);
@@ -393,9 +389,7 @@ class gpt_model {
     mlp.resize(n * c);
     K::linear_forward(a.gelu.data(), param(chunk, layer, param_role::mlp_proj_w), {}, mlp.data(), n, 4 * cl, c);
     const std::vector<float>& mlp_out = row_output(mlp, scratch_.row_local);
-    const float* bmlp = param(chunk, layer, param_role::mlp_proj_b);
-    for (std::size_t i = 0; i < rows; ++i)
-      for (std::size_t j = 0; j < c; ++j) x[i * c + j] = a.x2[i * c + j] + mlp_out[i * c + j] + bmlp[j];
+    K::residual_add(a.x2.data(), mlp_out.data(), param(chunk, layer, param_role::mlp_proj_b), x.data(), rows, c);
   }
 
   /// The input part of one block's backward: `dx` is the gradient of the block's output in, of
@@ -482,7 +476,7 @@ class gpt_model {
   std::vector<std::unique_ptr<activations>> pool_;
   scratch scratch_;
   std::size_t c_ = 0, cl_ = 0, t_ = 0, n_ = 0, rows_ = 0, tp_size_ = 1;
-  exchange_time exchange_;
+  double exchange_seconds_ = 0;
   std::function<void(const char*, std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point)>
       on_exchange_;
   std::function<void(int, int)> on_ready_;

@@ -248,10 +248,9 @@ class trainer {
 
   int run() {
     const int rank = world_.rank();
-    const corpus& data = data_;
     const int per_dp = r_.global_batch / r_.degrees().dp;
     batch_loader loader(
-        [&](std::int64_t step) { return data.sequences(o_.seed, step, coords_.dp * per_dp, per_dp, m_.seq); }, step_,
+        [&](std::int64_t step) { return data_.sequences(o_.seed, step, coords_.dp * per_dp, per_dp, m_.seq); }, step_,
         o_.steps);
     const std::vector<std::int64_t> positions = model_.sequence_positions();
     const auto [row_first, row_count] = model_.row_range();
@@ -340,22 +339,16 @@ class trainer {
       for (int mb = 0; mb < r_.micro_batches; ++mb) {
         micro_batch_tokens& b = batches[static_cast<std::size_t>(mb)];
         b.tokens.clear(), b.labels.clear(), b.positions.clear();
-        std::vector<std::int32_t> all_tokens, all_labels;
-        std::vector<std::int64_t> all_positions;
-        for (int s = 0; s < r_.choice.micro_batch; ++s) {
-          const std::int32_t* seq = slice.data() + static_cast<std::size_t>(mb * r_.choice.micro_batch + s) * seq1;
-          for (std::int64_t p : positions) {
-            all_tokens.push_back(seq[p]);
-            all_labels.push_back(seq[p + 1]);
-            all_positions.push_back(p);
-          }
+        // Row i of the micro-batch is token positions[i % local] of its sequence i / local.
+        const std::size_t local = positions.size();
+        for (std::size_t i = row_first; i < row_first + row_count; ++i) {
+          const std::int32_t* seq =
+              slice.data() + (static_cast<std::size_t>(mb * r_.choice.micro_batch) + i / local) * seq1;
+          const std::int64_t p = positions[i % local];
+          b.tokens.push_back(seq[p]);
+          b.labels.push_back(seq[p + 1]);
+          b.positions.push_back(p);
         }
-        b.tokens.assign(all_tokens.begin() + static_cast<std::ptrdiff_t>(row_first),
-                        all_tokens.begin() + static_cast<std::ptrdiff_t>(row_first + row_count));
-        b.labels.assign(all_labels.begin() + static_cast<std::ptrdiff_t>(row_first),
-                        all_labels.begin() + static_cast<std::ptrdiff_t>(row_first + row_count));
-        b.positions.assign(all_positions.begin() + static_cast<std::ptrdiff_t>(row_first),
-                           all_positions.begin() + static_cast<std::ptrdiff_t>(row_first + row_count));
       }
       loss_sum = 0;
       std::fill(backward_count.begin(), backward_count.end(), 0);
@@ -374,7 +367,7 @@ class trainer {
       sync_.finish();
       const double tail_s = std::chrono::duration<double>(clock::now() - t_tail).count();
       const auto t_dump = clock::now();
-      if (o_.dump_grads) dump_gradients(*o_.dump_grads, step, slice);
+      if (o_.dump_grads) dump_gradients(*o_.dump_grads, step);
       const auto t_opt = clock::now();
       double gather_s = optimizer_step(step + 1);
       sync_.zero_grad();
@@ -564,7 +557,7 @@ class trainer {
     trace_.add("checkpoint snapshot", "checkpoint", t0, clock::now());
   }
 
-  void dump_gradients(const std::string& path, std::int64_t step, const std::vector<std::int32_t>&) {
+  void dump_gradients(const std::string& path, std::int64_t step) {
     std::vector<float> grads;
     if (o_.zero1) {
       std::vector<state_segment> segs;
