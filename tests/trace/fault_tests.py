@@ -200,7 +200,7 @@ def test_stop(args):
         # Stopped between two collectives, it is idle. So the victim must appear with its
         # operation (or its last one), or as missing.
         if not re.search(r"rank %d \(world rank %d\): (in all_reduce #\d+|idle; its last operation was all_reduce #\d+)"
-                         r"|missing ranks [^:]*:[\d, ]*\b%d\b" % (victim, victim, victim), diff.stdout):
+                         r"|missing ranks \([^)]*\): [\d, ]*\b%d\b" % (victim, victim, victim), diff.stdout):
             fail(what + ": weft-trace-diff does not show rank %d's operation" % victim, diff.stdout)
         if not re.search(r"newest collective: \d+ \(all_reduce #\d+", diff.stdout):
             fail(what + ": weft-trace-diff does not name the newest collective", diff.stdout)
