@@ -29,6 +29,13 @@ struct fsdp_options {
   /// Issue the next unit's all-gather (forward order in forward, reverse order in backward) when a
   /// unit begins, so that it runs while the unit computes.
   bool prefetch = true;
+  /// Unit 0 is the root, as FSDP2's `fully_shard` on the whole model after its layers: its scope
+  /// encloses the other units' scopes, in forward (forward(0) first, ended after the last unit's
+  /// forward) and in backward (backward(0) first, ended after unit 1's backward), so that its
+  /// parameters can be used at both ends of the model: a token embedding tied to the output
+  /// layer, a final norm. Its gathered copy is kept from its forward to the end of its backward;
+  /// its gradients are reduced after every other unit's.
+  bool enclosing_root = false;
   /// Micro-steps per optimizer step: each micro-step's gradients are reduce-scattered and added
   /// into the master-type shard; finish() of the k-th returns true.
   int accumulation_steps = 1;

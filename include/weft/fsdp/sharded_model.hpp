@@ -11,7 +11,8 @@
 ///      tensor; each keeps its part), or `reshard_from_whole(checkpoint)`;
 ///   3. each micro-step: for u = 0..n-1 `{ auto s = model.forward(u); ... s.param(p) ... }`, then
 ///      for u = n-1..0 `{ auto s = model.backward(u); ... s.param(p), add into s.grad(p) ... }`,
-///      then `finish()`; when it returns true, the gradient shards hold the window's scaled,
+///      then `finish()` (with `enclosing_root`, unit 0's scope stays open around the others': see
+///      fsdp_options); when it returns true, the gradient shards hold the window's scaled,
 ///      reduced gradients: step the optimizer on `shard_params(u)` / `shard_grads(u)` (e.g.
 ///      fsdp::shard_adamw), then `zero_grad()`.
 ///
@@ -285,11 +286,24 @@ class sharded_model {
     ensure_gathered(u);
     if (options_.prefetch && u + 1 < units_.size()) ensure_gathered(u + 1);
     wait_gather(u);
+    if (is_root(u)) {
+      root_open_ = pass::forward;
+      ++next_forward_;  // the other units' forwards run inside the root's
+      return;
+    }
     open_ = u;
     open_pass_ = pass::forward;
   }
 
   void end_forward(std::size_t u) {
+    if (is_root(u)) {
+      check_root_open(pass::forward, "end_forward");
+      if (next_forward_ != units_.size())
+        fail(where() + ": end_forward of the root unit " + unit_name(u) + " before the forward of unit " +
+             unit_name(next_forward_) + "; the root's forward encloses every other unit's: end it last");
+      root_open_.reset();  // kept gathered: its backward uses it
+      return;
+    }
     check_open(u, pass::forward, "end_forward");
     open_.reset();
     ++next_forward_;
@@ -304,6 +318,27 @@ class sharded_model {
     if (next_forward_ != units_.size())
       fail(where() + ": backward of unit " + unit_name(u) + " before the forward of unit " +
            unit_name(next_forward_) + "; run every unit's forward first");
+    if (root_open_ == pass::forward)
+      fail(where() + ": backward of unit " + unit_name(u) + " inside the root unit's forward; end the forward of "
+           "unit " + unit_name(0) + " first");
+    if (is_root(u)) {
+      const std::size_t last = units_.size() - 1;
+      if (root_open_ || next_backward_ != last || units_[last].backward_done)
+        fail(where() + ": backward of the root unit " + unit_name(u) + " after another unit's backward began (or "
+             "twice); the root's backward encloses the others': begin it first, end it last");
+      during_ = pass::backward;
+      ensure_gathered(u);
+      if (options_.prefetch && last > 0) ensure_gathered(last);
+      wait_gather(u);
+      poll();
+      units_[u].work.assign(plan_.unit(u).padded_elements(), Param{});
+      account();
+      root_open_ = pass::backward;
+      return;
+    }
+    if (options_.enclosing_root && root_open_ != pass::backward)
+      fail(where() + ": backward of unit " + unit_name(u) + " outside the root unit's backward; begin the backward "
+           "of unit " + unit_name(0) + " first (it encloses the others')");
     if (next_backward_ >= units_.size() || u != next_backward_)
       fail(where() + ": backward of unit " + unit_name(u) + " out of order" +
            (next_backward_ < units_.size() ? ": unit " + unit_name(next_backward_) + " is next" : ": every unit's backward ran") +
@@ -323,7 +358,15 @@ class sharded_model {
   }
 
   void end_backward(std::size_t u) {
-    check_open(u, pass::backward, "end_backward");
+    if (is_root(u)) {
+      check_root_open(pass::backward, "end_backward");
+      if (next_backward_ != 0)
+        fail(where() + ": end_backward of the root unit " + unit_name(u) + " before the backward of unit " +
+             unit_name(next_backward_) + "; the root's backward encloses every other unit's: end it last");
+      root_open_.reset();
+    } else {
+      check_open(u, pass::backward, "end_backward");
+    }
     open_.reset();
     issue_reduce(u);
     units_[u].backward_done = true;
@@ -342,7 +385,7 @@ class sharded_model {
   /// inside that unit's backward scope.
   std::span<Param> grad(std::size_t u, std::size_t index) {
     check_access(u, index, "grad");
-    if (open_pass_ != pass::backward)
+    if ((is_root(u) && root_open_ ? *root_open_ : open_pass_) != pass::backward)
       fail(where() + ": grad(" + unit_name(u) + ", " + std::to_string(index) + ") in the unit's forward; gradients "
            "exist only inside backward(u)");
     const unit_layout& layout = plan_.unit(u);
@@ -367,6 +410,9 @@ class sharded_model {
     if (open_)
       fail(where() + ": finish() inside the " + std::string(to_string(open_pass_)) + " scope of unit " +
            unit_name(*open_) + "; end the scope first");
+    if (root_open_)
+      fail(where() + ": finish() inside the " + std::string(to_string(*root_open_)) + " scope of the root unit " +
+           unit_name(0) + "; end the scope first");
     std::vector<std::size_t> skipped;
     for (std::size_t u = units_.size(); u-- > 0;)
       if (!units_[u].backward_done) skipped.push_back(u);
@@ -537,6 +583,7 @@ class sharded_model {
     h.add(static_cast<std::uint64_t>(options_.reshard_after_forward)).add(static_cast<std::uint64_t>(options_.prefetch));
     h.add(static_cast<std::uint64_t>(options_.accumulation_steps)).add(static_cast<std::uint64_t>(options_.scale));
     h.add(static_cast<std::uint64_t>(options_.reduce_dtype)).add(static_cast<std::uint64_t>(replicate_.has_value()));
+    h.add(static_cast<std::uint64_t>(options_.enclosing_root));
     return h.value();
   }
 
@@ -560,6 +607,17 @@ class sharded_model {
            (open_ ? "the open scope is the " + std::string(to_string(open_pass_)) + " of unit " + unit_name(*open_)
                   : std::string("no scope is open")) + ")");
   }
+  bool is_root(std::size_t u) const noexcept { return options_.enclosing_root && u == 0; }
+  void check_root_open(pass p, std::string_view what) const {
+    if (root_open_ != p)
+      fail(where() + ": " + std::string(what) + "(" + unit_name(0) + ") without the matching begin (" +
+           (root_open_ ? "the root's open scope is its " + std::string(to_string(*root_open_))
+                       : std::string("the root's scope is not open")) + ")");
+    if (open_)
+      fail(where() + ": " + std::string(what) + "(" + unit_name(0) + ") while the " +
+           std::string(to_string(open_pass_)) + " scope of unit " + unit_name(*open_) +
+           " is open; the root's scope encloses the others': end theirs first");
+  }
   void check_access(std::size_t u, std::size_t index, std::string_view what) const {
     checked(what);
     check_unit(u, what);
@@ -567,6 +625,7 @@ class sharded_model {
       fail(where() + ": " + std::string(what) + "(" + unit_name(u) + ", " + std::to_string(index) + "): the unit has " +
            std::to_string(plan_.unit(u).params().size()) + " parameters");
     if (open_ && *open_ == u) return;
+    if (is_root(u) && root_open_) return;
     if (units_[u].params == param_state::gathering)
       fail(where() + ": unit " + unit_name(u) + " used before its all-gather completed (it was prefetched and is "
            "still in flight); enter the unit's scope with forward(u) or backward(u), which waits for it");
@@ -576,7 +635,7 @@ class sharded_model {
   }
 
   bool full_sharding() const noexcept { return options_.level == tune::sharding::full; }
-  bool in_micro_step() const noexcept { return next_forward_ != 0 || open_.has_value(); }
+  bool in_micro_step() const noexcept { return next_forward_ != 0 || open_.has_value() || root_open_.has_value(); }
 
   void log(schedule_kind kind, std::size_t u) {
     if (options_.record_schedule) schedule_.push_back({kind, u, during_, micro_});
@@ -630,6 +689,7 @@ class sharded_model {
   /// as not run backward, after reducing zeros for it.
   void abandon(std::size_t u) noexcept {
     if (open_ && *open_ == u) open_.reset();
+    if (is_root(u)) root_open_.reset();
   }
 
   template <class Wire>
@@ -755,8 +815,9 @@ class sharded_model {
 
   std::size_t next_forward_ = 0;   ///< the unit whose forward comes next (unit_count(): all done)
   std::size_t next_backward_ = 0;  ///< the unit whose backward comes next
-  std::optional<std::size_t> open_;
+  std::optional<std::size_t> open_;  ///< the open scope of a unit other than an enclosing root
   pass open_pass_ = pass::forward;
+  std::optional<pass> root_open_;    ///< the enclosing root's open scope
   pass during_ = pass::between;
   int micro_ = 0;
   std::size_t steps_ = 0;
