@@ -2,7 +2,8 @@
 """train_gpt in every layout that fits N ranks, measured beside the tuner's prediction.
 
   layout_bench.py --train-gpt PATH --weft-plan PATH [--ranks 4] [--model-flags "..."] [--steps 8]
-                  [--global-batch 8] [--layouts "tp,pp,cp[,sp] ..."] [--hardware FILE] [--json FILE]
+                  [--global-batch 8] [--layouts "tp,pp,cp[,sp] ..."] [--sharding none,zero1,zero2,zero3,hsdp]
+                  [--hardware FILE] [--json FILE]
 
 For each layout (every tp x pp x cp that divides the ranks and the model, dp the rest; sequence
 parallelism whenever tp > 1) it runs train_gpt for --steps steps with --log-json and --hardware, drops
@@ -10,8 +11,11 @@ the first two steps (warm-up), and reports the median step time, tokens/s, expos
 pipeline bubble and peak memory per rank, beside the step time weft's tuner predicts for the same
 layout on the measured description of these ranks (`weft-plan --probe`, run first unless
 --hardware is given). Ends with the Spearman rank correlation between predicted and measured step
-times. --json writes a list of objects: tp, pp, dp, cp, vp, sp, tokens_per_s, step_time_s,
-predicted_step_time_s, exposed_comm_s, bubble_s, max_rss_bytes (and "error" for a layout that failed).
+times. --sharding runs every layout under each level given (default: none; zero2, zero3 and hsdp only
+without pipeline stages, as train_gpt runs them). --json writes a list of objects: tp, pp, dp, cp, vp,
+sp, sharding, tokens_per_s, step_time_s,
+predicted_step_time_s, exposed_comm_s, bubble_s, max_rss_bytes, training_state_bytes (and "error" for a
+layout that failed).
 """
 import argparse
 import itertools
@@ -85,6 +89,7 @@ def main():
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--global-batch", type=int, default=8)
     p.add_argument("--layouts", default="")
+    p.add_argument("--sharding", default="none")
     p.add_argument("--hardware", default="")
     p.add_argument("--threads", type=int, default=1, help="OpenBLAS threads per rank")
     p.add_argument("--json", default="")
@@ -108,11 +113,15 @@ def main():
                 sys.exit(f"layout_bench: the probe failed ({' '.join(probe)}):\n{r.stderr[-3000:]}")
             print(f"layout_bench: measured these {a.ranks} ranks with weft-plan --probe")
         layouts = parse_layouts(a.layouts, a.ranks) if a.layouts else layouts_that_fit(a.ranks, flags, a.global_batch)
-        for lay in layouts:
+        levels = a.sharding.split(",")
+        runs = [dict(lay, sharding=level) for lay in layouts for level in levels
+                if level in ("none", "zero1") or lay["pp"] == 1]
+        for lay in runs:
             log = os.path.join(tmp, "log.json")
             cmd = launch + [a.train_gpt, *flags, "--steps", str(a.steps), "--global-batch", str(a.global_batch),
                             "--tp", str(lay["tp"]), "--pp", str(lay["pp"]), "--cp", str(lay["cp"]), "--quiet",
-                            "--log-json", log, "--hardware", hardware] + (["--sequence-parallel"] if lay["sp"] else [])
+                            "--log-json", log, "--hardware", hardware, "--sharding", lay["sharding"]]
+            cmd += ["--sequence-parallel"] if lay["sp"] else []
             r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
             row = dict(lay)
             if r.returncode != 0:
@@ -125,21 +134,25 @@ def main():
             row.update({"step_time_s": med("step_time_s"), "tokens_per_s": med("tokens_per_s"),
                         "exposed_comm_s": med("exposed_comm_s"), "bubble_s": med("bubble_s"),
                         "max_rss_bytes": max(s["max_rss_bytes"] for s in steps),
+                        "training_state_bytes": max(s["training_state_bytes"] for s in steps),
                         "predicted_step_time_s": steps[0]["predicted_step_time_s"]})
             results.append(row)
-            print(f"  tp {lay['tp']} pp {lay['pp']} dp {lay['dp']} cp {lay['cp']}{' sp' if lay['sp'] else ''}: "
+            print(f"  tp {lay['tp']} pp {lay['pp']} dp {lay['dp']} cp {lay['cp']}{' sp' if lay['sp'] else ''} "
+                  f"{lay['sharding']}: "
                   f"{row['step_time_s'] * 1e3:.1f} ms (predicted {row['predicted_step_time_s'] * 1e3:.1f})", flush=True)
     ok = [r for r in results if "error" not in r]
-    print(f"\n{'tp':>3} {'pp':>3} {'dp':>3} {'cp':>3} {'sp':>3} {'tokens/s':>10} {'step ms':>9} {'exposed ms':>11} "
-          f"{'bubble ms':>10} {'MiB/rank':>9} {'predicted ms':>13} {'pred/meas':>10}")
+    print(f"\n{'tp':>3} {'pp':>3} {'dp':>3} {'cp':>3} {'sp':>3} {'shard':>6} {'tokens/s':>10} {'step ms':>9} {'exposed ms':>11} "
+          f"{'bubble ms':>10} {'MiB/rank':>9} {'state MiB':>10} {'predicted ms':>13} {'pred/meas':>10}")
     for r in sorted(ok, key=lambda r: r["step_time_s"]):
-        print(f"{r['tp']:>3} {r['pp']:>3} {r['dp']:>3} {r['cp']:>3} {'y' if r['sp'] else '-':>3} {r['tokens_per_s']:>10.0f} "
+        print(f"{r['tp']:>3} {r['pp']:>3} {r['dp']:>3} {r['cp']:>3} {'y' if r['sp'] else '-':>3} {r['sharding']:>6} "
+              f"{r['tokens_per_s']:>10.0f} "
               f"{r['step_time_s'] * 1e3:>9.1f} {r['exposed_comm_s'] * 1e3:>11.1f} {r['bubble_s'] * 1e3:>10.1f} "
-              f"{r['max_rss_bytes'] / 2**20:>9.0f} {r['predicted_step_time_s'] * 1e3:>13.1f} "
+              f"{r['max_rss_bytes'] / 2**20:>9.0f} {r['training_state_bytes'] / 2**20:>10.0f} "
+              f"{r['predicted_step_time_s'] * 1e3:>13.1f} "
               f"{r['predicted_step_time_s'] / r['step_time_s']:>10.2f}")
     for r in results:
         if "error" in r:
-            print(f"tp {r['tp']} pp {r['pp']} cp {r['cp']}: FAILED: {r['error']}")
+            print(f"tp {r['tp']} pp {r['pp']} cp {r['cp']} {r['sharding']}: FAILED: {r['error']}")
     rho = spearman([r["predicted_step_time_s"] for r in ok], [r["step_time_s"] for r in ok]) if len(ok) > 2 else float("nan")
     print(f"\nSpearman rank correlation, predicted vs measured step time over {len(ok)} layouts: {rho:.2f}")
     if a.json:

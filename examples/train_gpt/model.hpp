@@ -17,7 +17,13 @@
 // the gradient of the chunk's input (what the previous stage waits for) and keeps what the
 // parameter gradients need; `weight` adds the parameter gradients. Other schedules call both in
 // a row. Gradients are added into the spans the trainer gives (the synchronizer's buffer), so
-// micro-batches accumulate there. Activation sets are pooled and reused across micro-batches and
+// micro-batches accumulate there.
+//
+// With fully sharded data parallelism a parameter exists only while its unit is gathered: the
+// model announces each parameter group's use (`on_scope`: enter and leave, forward and backward),
+// and the trainer binds the group's parameters and gradients for that time. Backward then
+// computes each group's input and parameter gradients together (`weight` only releases), since a
+// group's gathered parameters and gradient buffer exist only inside its scope. Activation sets are pooled and reused across micro-batches and
 // steps, so a step allocates nothing once the pool has grown to the schedule's peak.
 
 #include <algorithm>
@@ -84,8 +90,22 @@ class gpt_model {
   }
 
   void bind(std::vector<std::span<float>> params, std::vector<std::span<float>> grads) {
-    params_ = std::move(params);
+    params_.assign(params.begin(), params.end());
     grads_ = std::move(grads);
+  }
+  /// Points parameter i (rank_parameters order) and, in backward, its gradient elsewhere: for
+  /// parameters that live only inside a scope.
+  void bind_param(std::size_t i, std::span<const float> value) { params_.at(i) = value; }
+  void bind_grad(std::size_t i, std::span<float> grad) { grads_.at(i) = grad; }
+
+  enum class scope_event { enter_forward, leave_forward, enter_backward, leave_backward };
+  /// Called around each parameter group's use (group: a layer's index, head_group, embedding_group),
+  /// in forward and in backward order. Setting it makes backward compute each group's parameter
+  /// gradients inside its scope.
+  void on_scope(std::function<void(int group, scope_event)> f) {
+    on_scope_ = std::move(f);
+    params_.resize(specs_.size());
+    grads_.resize(specs_.size());
   }
 
   /// Elements of the tensor between two pipeline stages (per micro-batch).
@@ -120,18 +140,25 @@ class gpt_model {
   double forward(int mb, int chunk, const micro_batch_tokens& batch, std::span<const float> input,
                  std::span<float> output, float loss_scale) {
     activations& a = acquire(mb, chunk);
+    a.batch = &batch;
     const int first = s_.place.first_layer(s_.model, chunk);
     const int count = s_.place.layers_per_stage(s_.model);
     std::vector<float>& x = a.stream;  // the residual stream, layer to layer
     x.resize(rows_ * c_);
     if (s_.place.first_stage(chunk)) {
+      scope(embedding_group, scope_event::enter_forward);
       K::embedding_forward(batch.tokens, batch.positions, param(chunk, -1, param_role::wte),
                            param(chunk, -1, param_role::wpe), x.data(), c_);
+      scope(embedding_group, scope_event::leave_forward);
     } else {
       std::copy(input.begin(), input.end(), x.begin());
     }
     a.layers.resize(static_cast<std::size_t>(count));
-    for (int i = 0; i < count; ++i) layer_forward(chunk, first + i, a.layers[static_cast<std::size_t>(i)], x);
+    for (int i = 0; i < count; ++i) {
+      scope(first + i, scope_event::enter_forward);
+      layer_forward(chunk, first + i, a.layers[static_cast<std::size_t>(i)], x);
+      scope(first + i, scope_event::leave_forward);
+    }
     if (!s_.place.last_stage(chunk)) {
       std::copy(x.begin(), x.end(), output.begin());
       return 0;
@@ -142,10 +169,12 @@ class gpt_model {
     a.head_ln.resize(rows_ * c_);
     a.head_mean.resize(rows_);
     a.head_rstd.resize(rows_);
+    a.dlogits.resize(rows_ * v);
+    scope(head_group, scope_event::enter_forward);
     K::layernorm_forward(a.head_in.data(), param(chunk, -1, param_role::ln_f_w), param(chunk, -1, param_role::ln_f_b),
                          a.head_ln.data(), a.head_mean.data(), a.head_rstd.data(), rows_, c_);
-    a.dlogits.resize(rows_ * v);
     K::logits_forward(a.head_ln.data(), head_wte(chunk), a.dlogits.data(), rows_, c_, v);
+    scope(head_group, scope_event::leave_forward);
     return K::cross_entropy(a.dlogits.data(), batch.labels, v, loss_scale);
   }
 
@@ -159,17 +188,32 @@ class gpt_model {
     dx.resize(rows_ * c_);
     if (s_.place.last_stage(chunk)) {
       const std::size_t v = static_cast<std::size_t>(s_.model.vocab);
+      scope(head_group, scope_event::enter_backward);
       a.head_dln.resize(rows_ * c_);
       K::logits_backward_input(head_wte(chunk), a.dlogits.data(), a.head_dln.data(), rows_, c_, v);
       std::fill(dx.begin(), dx.end(), 0.0f);
       K::layernorm_backward_input(a.head_in.data(), param(chunk, -1, param_role::ln_f_w), a.head_mean.data(),
                                   a.head_rstd.data(), a.head_dln.data(), dx.data(), rows_, c_);
+      if (scoped()) head_backward_weight(a, chunk);
+      scope(head_group, scope_event::leave_backward);
     } else {
       std::copy(output_grad.begin(), output_grad.end(), dx.begin());
     }
-    for (int i = count; i-- > 0;) layer_backward_input(chunk, first + i, a.layers[static_cast<std::size_t>(i)], dx);
+    for (int i = count; i-- > 0;) {
+      layer_acts& acts = a.layers[static_cast<std::size_t>(i)];
+      scope(first + i, scope_event::enter_backward);
+      layer_backward_input(chunk, first + i, acts, dx);
+      if (scoped()) layer_backward_weight(chunk, first + i, acts);
+      scope(first + i, scope_event::leave_backward);
+    }
     if (!s_.place.first_stage(chunk)) std::copy(dx.begin(), dx.end(), input_grad.begin());
     a.input_done = true;
+    if (scoped() && s_.place.first_stage(chunk)) {
+      scope(embedding_group, scope_event::enter_backward);
+      K::embedding_backward(a.batch->tokens, a.batch->positions, a.stream.data(), grad(chunk, -1, param_role::wte),
+                            grad(chunk, -1, param_role::wpe), c_);
+      scope(embedding_group, scope_event::leave_backward);
+    }
   }
 
   /// The parameter part of backward for (mb, chunk), after `backward`: adds every parameter
@@ -177,13 +221,14 @@ class gpt_model {
   void weight(int mb, int chunk, const micro_batch_tokens& batch) {
     activations& a = held_set(mb, chunk);
     if (!a.input_done) throw std::logic_error("train_gpt: weight() before backward() for a micro-batch");
+    if (scoped()) {  // backward added every parameter gradient inside its group's scope
+      release(mb, chunk);
+      return;
+    }
     const int first = s_.place.first_layer(s_.model, chunk);
     const int count = s_.place.layers_per_stage(s_.model);
     if (s_.place.last_stage(chunk)) {
-      const std::size_t v = static_cast<std::size_t>(s_.model.vocab);
-      K::logits_backward_weight(a.head_ln.data(), a.dlogits.data(), head_wte_grad(chunk), rows_, c_, v);
-      K::layernorm_backward_params(a.head_in.data(), a.head_mean.data(), a.head_rstd.data(), a.head_dln.data(),
-                                   grad(chunk, -1, param_role::ln_f_w), grad(chunk, -1, param_role::ln_f_b), rows_, c_);
+      head_backward_weight(a, chunk);
       if (on_ready_) on_ready_(chunk, head_group);
     }
     for (int i = count; i-- > 0;) {
@@ -211,6 +256,7 @@ class gpt_model {
   struct activations {
     std::vector<layer_acts> layers;
     std::vector<float> stream, head_in, head_ln, head_mean, head_rstd, dlogits, head_dln;
+    const micro_batch_tokens* batch = nullptr;  // the forward's tokens (alive until weight())
     bool input_done = false;
   };
   /// Per-call temporaries, reused (one micro-batch computes at a time).
@@ -250,6 +296,16 @@ class gpt_model {
   }
 
   bool sp() const noexcept { return s_.sequence_parallel && s_.place.tp > 1; }
+  bool scoped() const noexcept { return static_cast<bool>(on_scope_); }
+  void scope(int group, scope_event e) {
+    if (on_scope_) on_scope_(group, e);
+  }
+  void head_backward_weight(activations& a, int chunk) {
+    const std::size_t v = static_cast<std::size_t>(s_.model.vocab);
+    K::logits_backward_weight(a.head_ln.data(), a.dlogits.data(), head_wte_grad(chunk), rows_, c_, v);
+    K::layernorm_backward_params(a.head_in.data(), a.head_mean.data(), a.head_rstd.data(), a.head_dln.data(),
+                                 grad(chunk, -1, param_role::ln_f_w), grad(chunk, -1, param_role::ln_f_b), rows_, c_);
+  }
   std::size_t at(int chunk, int layer, param_role role) const {
     auto it = index_.find({chunk, layer, role});
     if (it == index_.end())
@@ -257,11 +313,11 @@ class gpt_model {
                              std::to_string(layer));
     return it->second;
   }
-  float* param(int chunk, int layer, param_role role) { return params_[at(chunk, layer, role)].data(); }
+  const float* param(int chunk, int layer, param_role role) { return params_[at(chunk, layer, role)].data(); }
   float* grad(int chunk, int layer, param_role role) { return grads_[at(chunk, layer, role)].data(); }
   // The output layer's embedding: the rank's own copy on the last stage (the input's with pp = 1).
   int wte_chunk(int chunk) const { return s_.place.pp > 1 ? chunk : 0; }
-  float* head_wte(int chunk) { return param(wte_chunk(chunk), -1, param_role::wte); }
+  const float* head_wte(int chunk) { return param(wte_chunk(chunk), -1, param_role::wte); }
   float* head_wte_grad(int chunk) { return grad(wte_chunk(chunk), -1, param_role::wte); }
 
   template <class F>
@@ -471,7 +527,8 @@ class gpt_model {
   weft::cp::sequence_split split_;
   weft::cp::ring_attention<B, blas_attention> attention_;
   std::map<key, std::size_t> index_;
-  std::vector<std::span<float>> params_, grads_;
+  std::vector<std::span<const float>> params_;
+  std::vector<std::span<float>> grads_;
   std::map<std::pair<int, int>, std::unique_ptr<activations>> live_;
   std::vector<std::unique_ptr<activations>> pool_;
   scratch scratch_;
@@ -480,6 +537,7 @@ class gpt_model {
   std::function<void(const char*, std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point)>
       on_exchange_;
   std::function<void(int, int)> on_ready_;
+  std::function<void(int, scope_event)> on_scope_;
 };
 
 }  // namespace train_gpt

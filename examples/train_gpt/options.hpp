@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "command_line.hpp"
+#include <weft/tune/layout.hpp>
+
 #include "gpt_config.hpp"
 
 namespace train_gpt {
@@ -37,13 +39,18 @@ layout (degrees multiply to the ranks; dp defaults to ranks / (tp pp cp))
   --micro-batch N        sequences per micro-batch (default 1)
   --global-batch N       sequences per optimizer step over all ranks (default dp x micro-batch);
                          micro-batches per step = global / (dp x micro-batch) (gradient accumulation)
-  --zero1                shard the optimizer state over dp (ZeRO-1)
+  --sharding LEVEL       what is sharded over the dp x cp ranks: none (default), zero1 (the optimizer state),
+                         zero2 (and the gradients), zero3 (and the parameters: FSDP, a unit per block and the
+                         embeddings and final norm as the root), hsdp (zero3 inside a node, replicated across
+                         nodes); zero2, zero3 and hsdp need --pp 1 and the 1f1b schedule
+  --zero1                the same as --sharding zero1
+  --ranks-per-node N     with --sharding hsdp: the ranks of a node (default: the launcher's ranks on this node)
   --no-overlap           reduce gradients after backward instead of during it
   --bucket-mb X          gradient bucket size in MiB (default 25)
   --hardware FILE        a description of these ranks measured by `weft-plan --probe FILE` (same launch):
                          each step also reports the tuner's predicted step time for the layout
   --plan                 with --hardware: the tuner picks the layout (degrees, virtual stages, micro-batch,
-                         sequence parallelism, ZeRO-1) for the ranks given and prints why
+                         sequence parallelism, sharding) for the ranks given and prints why
 checkpoints and checks
   --save FILE            write the model to FILE (safetensors, GPT-2 names) and the optimizer state and
                          data position to FILE's name + ".optimizer" (asynchronously; atomic rename)
@@ -73,6 +80,10 @@ struct options {
   int micro_batch = 1;
   int global_batch = 0;
   bool zero1 = false;
+  /// zero2 (gradients), zero3 and hsdp (full) run weft::fsdp; none and zero1 the synchronizer.
+  weft::tune::sharding sharding = weft::tune::sharding::none;
+  bool hybrid = false;
+  int ranks_per_node = 0;  // 0: the launcher's
   bool overlap = true;
   double bucket_mb = 25;
   std::optional<std::string> save, resume, dump_grads, log_json, trace, hardware;
@@ -85,6 +96,17 @@ struct options {
   // Which model fields the command line set (they override --init-from's metadata only if equal).
   std::vector<std::string> model_flags;
 };
+
+/// The sharding in the run's header line: "" for none, else " +zero1" and so on.
+inline std::string sharding_text(const options& o) {
+  switch (o.sharding) {
+    case weft::tune::sharding::none: return "";
+    case weft::tune::sharding::optimizer: return " +zero1";
+    case weft::tune::sharding::gradients: return " +zero2";
+    case weft::tune::sharding::full: return o.hybrid ? " +hsdp" : " +zero3";
+  }
+  return "";
+}
 
 inline options parse_options(int argc, char** argv) {
   using weft_programs::parse_integer;
@@ -125,7 +147,18 @@ inline options parse_options(int argc, char** argv) {
     else if (flag == "--sequence-parallel") o.sequence_parallel = true;
     else if (flag == "--micro-batch") o.micro_batch = integer(1, 1 << 20);
     else if (flag == "--global-batch") o.global_batch = integer(1, 1 << 30);
-    else if (flag == "--zero1") o.zero1 = true;
+    else if (flag == "--zero1") o.zero1 = true, o.sharding = weft::tune::sharding::optimizer;
+    else if (flag == "--sharding") {
+      const std::string level = value();
+      if (level == "none") o.sharding = weft::tune::sharding::none;
+      else if (level == "zero1") o.sharding = weft::tune::sharding::optimizer;
+      else if (level == "zero2") o.sharding = weft::tune::sharding::gradients;
+      else if (level == "zero3" || level == "hsdp") o.sharding = weft::tune::sharding::full;
+      else throw usage_error("--sharding '" + level + "' is not a level train_gpt runs: use none, zero1, zero2, zero3 or hsdp");
+      o.zero1 = level == "zero1";
+      o.hybrid = level == "hsdp";
+    }
+    else if (flag == "--ranks-per-node") o.ranks_per_node = integer(1, 1 << 20);
     else if (flag == "--no-overlap") o.overlap = false;
     else if (flag == "--bucket-mb") o.bucket_mb = real(0.001, 1 << 20);
     else if (flag == "--hardware") o.hardware = value();
@@ -142,11 +175,11 @@ inline options parse_options(int argc, char** argv) {
   }
   for (int i = 1; i < argc; ++i)
     for (std::string_view f : {"--tp", "--pp", "--dp", "--cp", "--vp", "--micro-batch", "--sequence-parallel", "--zero1",
-                               "--schedule"})
+                               "--schedule", "--sharding"})
       if (argv[i] == f) o.layout_flags = true;
   if (o.plan && o.layout_flags)
     throw usage_error("--plan chooses the layout: drop --tp --pp --dp --cp --vp --micro-batch --sequence-parallel "
-                      "--zero1 --schedule, or drop --plan to give them yourself");
+                      "--zero1 --sharding --schedule, or drop --plan to give them yourself");
   if (o.plan && !o.hardware)
     throw usage_error("--plan needs --hardware FILE, a description of these ranks: measure it first with "
                       "`weft-plan --probe FILE` under the same launcher and ranks");
@@ -172,6 +205,8 @@ inline options parse_options(int argc, char** argv) {
     throw usage_error("--schedule interleaved needs --vp 2 or more (virtual stages per rank)");
   if (o.schedule != "interleaved" && o.vp > 1)
     throw usage_error("--vp " + std::to_string(o.vp) + " needs --schedule interleaved");
+  if (o.ranks_per_node > 0 && !o.hybrid)
+    throw usage_error("--ranks-per-node is for --sharding hsdp (where nodes bound the shard groups)");
   if (o.dump_grads && o.steps != 1) throw usage_error("--dump-grads writes the first step's gradients: give --steps 1");
   return o;
 }

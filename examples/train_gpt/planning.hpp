@@ -20,8 +20,9 @@ inline weft::tune::model_desc tuner_model(const gpt_config& m) {
 }
 
 /// What train_gpt can run: sequence, context and interleaved pipeline parallelism, gradient
-/// reduction overlapped with backward, ZeRO-1, no recomputation; attention skips the masked
-/// half of the causal scores; float32 gradients.
+/// reduction overlapped with backward, ZeRO-1 with any layout and ZeRO-2/3 without pipeline
+/// stages, no recomputation; attention skips the masked half of the causal scores; float32
+/// gradients.
 inline weft::tune::software_desc tuner_software() {
   return {.flash_attention = true,
           .sequence_parallel = true,
@@ -29,7 +30,8 @@ inline weft::tune::software_desc tuner_software() {
           .context_parallel = true,
           .overlap_dp = true,
           .overlap_tp = false,
-          .max_sharding = weft::tune::sharding::optimizer,
+          .max_sharding = weft::tune::sharding::full,
+          .sharding_with_pipeline = false,
           .selective_recompute = false,
           .gradient_bytes = 4};
 }

@@ -21,6 +21,7 @@
 #include <weft/comm/communicator.hpp>
 #include <weft/grad/flat_buffer.hpp>
 #include <weft/grad/synchronizer.hpp>
+#include <weft/launch/resolve.hpp>
 #include <weft/layout/layout.hpp>
 #include <weft/layout/process_groups.hpp>
 #include <weft/pipeline/executor.hpp>
@@ -30,6 +31,7 @@
 #include "command_line.hpp"
 #include "cpu_kernels.hpp"
 #include "data.hpp"
+#include "fully_sharded.hpp"
 #include "json_output.hpp"
 #include "model.hpp"
 #include "options.hpp"
@@ -85,6 +87,15 @@ inline run_layout resolve_layout(weft::tune::layout_choice choice, int global_ba
     throw input_error("the interleaved schedule runs micro-batches in groups of pp: " + std::to_string(r.micro_batches) +
                       " micro-batches per step (global batch / (dp x micro-batch)) is not a multiple of --pp " +
                       std::to_string(d.pp) + "; change --global-batch or --micro-batch");
+  const bool fully_sharded = choice.sharding_mode == weft::tune::sharding::gradients ||
+                             choice.sharding_mode == weft::tune::sharding::full;
+  if (fully_sharded && d.pp > 1)
+    throw input_error("--sharding zero2, zero3 and hsdp run with --pp 1: each micro-batch runs the units (one per "
+                      "block, and the embeddings with the final norm as the root) forward in order and backward in "
+                      "reverse, which pipeline stages would split; with pipeline parallelism use --sharding zero1");
+  if (fully_sharded && schedule != "1f1b")
+    throw input_error("--sharding zero2, zero3 and hsdp need --schedule 1f1b (the default): the schedule '" + schedule +
+                      "' starts a micro-batch's forward before the previous one's backward ended");
   std::vector<std::string> problems = shape_problems(m, choice);
   if (!problems.empty()) {
     std::string text = problems.front();
@@ -101,7 +112,7 @@ inline weft::tune::layout_choice layout_from_flags(const options& o) {
   c.parallel = {.tp = o.tp, .cp = o.cp, .pp = o.pp, .dp = o.dp, .virtual_stages = o.vp};
   c.micro_batch = o.micro_batch;
   c.sequence_parallel = o.sequence_parallel;
-  c.sharding_mode = o.zero1 ? weft::tune::sharding::optimizer : weft::tune::sharding::none;
+  c.sharding_mode = o.sharding;
   return c;
 }
 
@@ -169,28 +180,50 @@ class trainer {
         model_({.model = m_, .place = place_, .sequence_parallel = r.sequence_parallel(),
                 .micro_batch = r.choice.micro_batch, .cp = r.degrees().cp},
                specs_, groups_.tp(), groups_.cp()),
-        sync_(groups_.get(weft::layout::group_kind::dp_cp),
-              {.bucket_bytes = static_cast<std::size_t>(o_.bucket_mb * (1 << 20)),
-               .scale = weft::grad::scaling::sum,
-               .shard_optimizer_state = o_.zero1,
-               .overlap = o_.overlap,
-               .warn_if_not_overlapped = false}),
         trace_(o_.trace.has_value()), index_(m_) {
-    for (const param_spec& p : specs_) sync_.add_param(p.name, p.local_elements);
-    sync_.freeze();
-    params_ = std::make_unique<weft::grad::flat_buffer<float>>(sync_.shared_plan());
+    own_ = {.tp_rank = coords_.tp, .tp = r.degrees().tp, .data_leader = coords_.dp == 0 && coords_.cp == 0};
+    skip_.assign(specs_.size(), false);
+    for (int c = 0; c < place_.vp; ++c) chunk_params_.emplace_back();
+    for (std::size_t i = 0; i < specs_.size(); ++i) chunk_params_[static_cast<std::size_t>(specs_[i].chunk)].push_back(i);
+    if (r_.choice.sharding_mode == weft::tune::sharding::gradients ||
+        r_.choice.sharding_mode == weft::tune::sharding::full) {
+      if (o_.hybrid)
+        if (auto problem = hybrid_shard_problem(weft::layout::rank_layout(r.degrees()), ranks_per_node()))
+          throw input_error(*problem);
+      fsdp_ = std::make_unique<fully_sharded<B>>(
+          groups_.get(weft::layout::group_kind::dp_cp), groups_.tp(), specs_,
+          typename fully_sharded<B>::settings{.level = r_.choice.sharding_mode,
+                                              .hybrid = o_.hybrid,
+                                              .ranks_per_node = ranks_per_node(),
+                                              .world_rank = world_.rank(),
+                                              .micro_batches = r_.micro_batches,
+                                              .sequence_parallel = r_.sequence_parallel()});
+      fsdp_->attach(model_);
+      for (std::size_t i = 0; i < specs_.size(); ++i)
+        packed_segments_.push_back({i, 0, specs_[i].local_elements, fsdp_->packed_offsets()[i]});
+      return;
+    }
+    sync_ = std::make_unique<weft::grad::synchronizer<B, float>>(
+        groups_.get(weft::layout::group_kind::dp_cp),
+        weft::grad::sync_options{.bucket_bytes = static_cast<std::size_t>(o_.bucket_mb * (1 << 20)),
+                                 .scale = weft::grad::scaling::sum,
+                                 .shard_optimizer_state = o_.zero1,
+                                 .overlap = o_.overlap,
+                                 .warn_if_not_overlapped = false});
+    for (const param_spec& p : specs_) sync_->add_param(p.name, p.local_elements);
+    sync_->freeze();
+    params_ = std::make_unique<weft::grad::flat_buffer<float>>(sync_->shared_plan());
     std::vector<std::span<float>> pv, gv;
     for (std::size_t i = 0; i < specs_.size(); ++i) {
       pv.push_back(params_->view(i));
-      gv.push_back(sync_.grad(i));
+      gv.push_back(sync_->grad(i));
     }
     model_.bind(std::move(pv), std::move(gv));
-    skip_.assign(specs_.size(), false);
     for (std::size_t i = 0; i < specs_.size(); ++i)
       skip_[i] = specs_[i].role == param_role::wte && place_.pp > 1 && !place_.first_stage(specs_[i].chunk);
     // Optimizer state: whole local parameters, or this rank's ZeRO-1 shard.
     if (o_.zero1) {
-      for (const weft::grad::shard_segment& s : sync_.shard_segments())
+      for (const weft::grad::shard_segment& s : sync_->shard_segments())
         opt_segments_.push_back({s.param, s.param_offset, s.count, opt_size_}), opt_size_ += s.count;
     } else {
       for (std::size_t i = 0; i < specs_.size(); ++i)
@@ -198,9 +231,6 @@ class trainer {
     }
     m1_.assign(opt_size_, 0.0f);
     m2_.assign(opt_size_, 0.0f);
-    own_ = {.tp_rank = coords_.tp, .tp = r.degrees().tp, .data_leader = coords_.dp == 0 && coords_.cp == 0};
-    for (int c = 0; c < place_.vp; ++c) chunk_params_.emplace_back();
-    for (std::size_t i = 0; i < specs_.size(); ++i) chunk_params_[static_cast<std::size_t>(specs_[i].chunk)].push_back(i);
   }
 
   /// Initial weights: from (seed) or from a file's whole tensors.
@@ -208,6 +238,15 @@ class trainer {
     if (from) {
       const weft::checkpoint::checkpoint_file f = read_checked(*from);
       load_params(f, *from);
+      return;
+    }
+    if (fsdp_) {  // every rank of the shard group computes the same values and keeps its shards
+      for (std::size_t i = 0; i < specs_.size(); ++i) {
+        std::vector<float> whole = initial_whole(specs_[i], m_, o_.seed);
+        std::vector<float> local(specs_[i].local_elements);
+        cut_local(specs_[i], place_.tp_rank, place_.tp, whole, local);
+        fsdp_->load_param(i, local);
+      }
       return;
     }
     for (std::size_t i = 0; i < specs_.size(); ++i) {
@@ -234,13 +273,19 @@ class trainer {
       throw input_error("the checkpoint was trained with --seed " + s.metadata.at("seed") + " (its data order), not " +
                         std::to_string(o_.seed) + ": resume with --seed " + s.metadata.at("seed"));
     for (const char* prefix : {"exp_avg.", "exp_avg_sq."}) {
-      std::vector<float>& target = std::string(prefix) == "exp_avg." ? m1_ : m2_;
+      const bool first = std::string(prefix) == "exp_avg.";
+      std::vector<float> packed;
+      if (fsdp_) packed.resize(fsdp_->packed_elements());
+      std::vector<float>& target = fsdp_ ? packed : first ? m1_ : m2_;
       std::map<std::string, std::vector<float>> values;
-      scatter_whole(specs_, opt_segments_, target, place_.tp_rank, place_.tp, [&](const std::string& name) {
-        auto& v = values[name];
-        if (v.empty()) v = weft::checkpoint::values_of<float>(s.at(prefix + name));
-        return std::span<const float>(v);
-      });
+      scatter_whole(specs_, fsdp_ ? packed_segments_ : opt_segments_, target, place_.tp_rank, place_.tp,
+                    [&](const std::string& name) {
+                      auto& v = values[name];
+                      if (v.empty()) v = weft::checkpoint::values_of<float>(s.at(prefix + name));
+                      return std::span<const float>(v);
+                    });
+      if (fsdp_)
+        fsdp_->load_packed(first ? fully_sharded<B>::state::exp_avg : fully_sharded<B>::state::exp_avg_sq, packed);
     }
     if (world_.rank() == 0)
       std::printf("resumed from %s at step %lld\n", path.c_str(), static_cast<long long>(step_));
@@ -359,18 +404,24 @@ class trainer {
       const weft::pipeline::step_stats stats = pipeline.run();
       // The last stage's copy of the tied embedding: summed with the first stage's, then reduced.
       const auto t_tail = clock::now();
-      for (std::size_t i : chunk_params_[static_cast<std::size_t>(place_.vp - 1)])
-        if (skip_[i]) {
-          sum_split_gradient(i);
-          sync_.mark_ready(i);
-        }
-      sync_.finish();
+      if (fsdp_) {
+        if (!fsdp_->step_ready())
+          throw std::logic_error("train_gpt: the step's micro-batches ended without the sharded gradients reduced");
+        mark_seconds += fsdp_->take_exposed_seconds();  // waiting for gathers and reductions
+      } else {
+        for (std::size_t i : chunk_params_[static_cast<std::size_t>(place_.vp - 1)])
+          if (skip_[i]) {
+            sum_split_gradient(i);
+            sync_->mark_ready(i);
+          }
+        sync_->finish();
+      }
       const double tail_s = std::chrono::duration<double>(clock::now() - t_tail).count();
       const auto t_dump = clock::now();
       if (o_.dump_grads) dump_gradients(*o_.dump_grads, step);
       const auto t_opt = clock::now();
       double gather_s = optimizer_step(step + 1);
-      sync_.zero_grad();
+      if (sync_) sync_->zero_grad();
       trace_.add("optimizer", "compute", t_opt, clock::now());
       trace_.add("gradient reduction (exposed)", "dp reduction", t_tail, t_dump);
 
@@ -387,8 +438,10 @@ class trainer {
                                   step_s};
       world_.all_reduce(std::span<double>(times), weft::reduce_op::max);
       // The largest resident memory of any rank so far (model, optimizer state, activations, buffers).
-      std::int64_t peak_memory = max_rss_bytes();
-      world_.all_reduce(std::span<std::int64_t>(&peak_memory, 1), weft::reduce_op::max);
+      // And the largest training state (parameters, gradients, optimizer state, gathered units).
+      std::array<std::int64_t, 2> memory{max_rss_bytes(), static_cast<std::int64_t>(state_bytes())};
+      world_.all_reduce(std::span<std::int64_t>(memory), weft::reduce_op::max);
+      const std::int64_t peak_memory = memory[0];
       if (rank == 0 && o_.dump_grads) finish_dump(loss);
       if (step == step_) first_loss = loss;
       last_loss = loss;
@@ -408,7 +461,8 @@ class trainer {
         if (log_json.is_open()) {
           log_json << "{\"step\": " << step + 1 << ", \"loss\": " << loss << ", \"tokens_per_s\": " << tps
                    << ", \"step_time_s\": " << times[2] << ", \"exposed_comm_s\": " << times[0]
-                   << ", \"bubble_s\": " << times[1] << ", \"max_rss_bytes\": " << peak_memory;
+                   << ", \"bubble_s\": " << times[1] << ", \"max_rss_bytes\": " << peak_memory
+                   << ", \"training_state_bytes\": " << memory[1];
           if (predicted_) log_json << ", \"predicted_step_time_s\": " << *predicted_;
           log_json << "}\n";
           log_json.flush();
@@ -459,12 +513,16 @@ class trainer {
       throw input_error(e.what());
     }
     std::map<std::string, std::vector<float>> values;
-    scatter_whole(specs_, buffer_segments(*params_), params_->all(), place_.tp_rank, place_.tp,
+    std::vector<float> packed;
+    if (fsdp_) packed.resize(fsdp_->packed_elements());
+    scatter_whole(specs_, fsdp_ ? packed_segments_ : buffer_segments(*params_),
+                  fsdp_ ? std::span<float>(packed) : params_->all(), place_.tp_rank, place_.tp,
                   [&](const std::string& name) {
                     auto& v = values[name];
                     if (v.empty()) v = weft::checkpoint::values_of<float>(f.at(name));
                     return std::span<const float>(v);
                   });
+    if (fsdp_) fsdp_->load_packed(fully_sharded<B>::state::params, packed);
   }
 
   /// A group's gradients are complete (its chunk's last micro-batch): sum what tp or the
@@ -475,7 +533,7 @@ class trainer {
       const std::size_t i = *it;
       if (skip_[i] || group_of(specs_[i]) != group) continue;  // skip_: the last stage's embedding copy, after the step
       sum_split_gradient(i);
-      sync_.mark_ready(i);
+      sync_->mark_ready(i);
     }
   }
 
@@ -491,9 +549,9 @@ class trainer {
   /// first and last stages for the tied embedding.
   void sum_split_gradient(std::size_t i) {
     if (r_.sequence_parallel() && specs_[i].split == tp_split::replicated)
-      groups_.tp().all_reduce(sync_.grad(i));
+      groups_.tp().all_reduce(sync_->grad(i));
     if (specs_[i].role == param_role::wte && place_.pp > 1)
-      groups_.get(weft::layout::group_kind::embedding).all_reduce(sync_.grad(i));
+      groups_.get(weft::layout::group_kind::embedding).all_reduce(sync_->grad(i));
   }
 
   /// AdamW on every local parameter, or on the ZeRO-1 shard and then the gather. Returns the
@@ -504,17 +562,34 @@ class trainer {
                                   .beta2 = static_cast<float>(o_.beta2),
                                   .eps = static_cast<float>(o_.eps),
                                   .weight_decay = static_cast<float>(o_.weight_decay)};
+    if (fsdp_) {
+      fsdp_->step(s, step);
+      return 0;
+    }
     for (const state_segment& seg : opt_segments_) {
       float* p = params_->view(seg.param).data() + seg.param_offset;
-      const float* g = sync_.grad(seg.param).data() + seg.param_offset;
+      const float* g = sync_->grad(seg.param).data() + seg.param_offset;
       cpu_kernels::adamw(p, g, m1_.data() + seg.state_offset, m2_.data() + seg.state_offset, seg.count, step, s,
                          specs_[seg.param].decay);
     }
     if (!o_.zero1) return 0;
     const auto t0 = clock::now();
-    sync_.gather_params(*params_);
+    sync_->gather_params(*params_);
     trace_.add("ZeRO-1 parameter gather", "dp reduction", t0, clock::now());
     return std::chrono::duration<double>(clock::now() - t0).count();
+  }
+
+  /// The most bytes of training state this rank has held: parameters, gradients and optimizer
+  /// state (and, fully sharded, the gathered units and gradient buffers in flight).
+  std::size_t state_bytes() const {
+    if (fsdp_) return fsdp_->peak_state_bytes();
+    return (params_->all().size() + sync_->grads().all().size() + m1_.size() + m2_.size()) * sizeof(float);
+  }
+
+  /// HSDP's node size: the flag's, or the launcher's ranks on this node.
+  int ranks_per_node() const {
+    if (o_.ranks_per_node > 0) return o_.ranks_per_node;
+    return weft::resolve_launch().local_world_size;
   }
 
   double learning_rate(std::int64_t step) const {
@@ -537,9 +612,17 @@ class trainer {
 
   void save(weft::checkpoint::async_writer& writer, std::int64_t step) {
     const auto t0 = clock::now();
-    const std::vector<float> params = gather(buffer_segments(*params_), params_->all(), false);
-    const std::vector<float> m1 = gather(opt_segments_, m1_, o_.zero1);
-    const std::vector<float> m2 = gather(opt_segments_, m2_, o_.zero1);
+    std::vector<float> params, m1, m2;
+    if (fsdp_) {  // the shards gathered into the rank's whole local parts, then assembled as below
+      using state = typename fully_sharded<B>::state;
+      params = gather(packed_segments_, fsdp_->packed(state::params), false);
+      m1 = gather(packed_segments_, fsdp_->packed(state::exp_avg), false);
+      m2 = gather(packed_segments_, fsdp_->packed(state::exp_avg_sq), false);
+    } else {
+      params = gather(buffer_segments(*params_), params_->all(), false);
+      m1 = gather(opt_segments_, m1_, o_.zero1);
+      m2 = gather(opt_segments_, m2_, o_.zero1);
+    }
     if (world_.rank() == 0) {
       weft::checkpoint::checkpoint_file model{config_metadata(m_), whole_records(index_, params)};
       weft::checkpoint::checkpoint_file state;
@@ -559,15 +642,17 @@ class trainer {
 
   void dump_gradients(const std::string& path, std::int64_t step) {
     std::vector<float> grads;
-    if (o_.zero1) {
+    if (fsdp_) {
+      grads = gather(packed_segments_, fsdp_->packed(fully_sharded<B>::state::grads), false);
+    } else if (o_.zero1) {
       std::vector<state_segment> segs;
-      for (const weft::grad::shard_segment& s : sync_.shard_segments())
+      for (const weft::grad::shard_segment& s : sync_->shard_segments())
         segs.push_back({s.param, s.param_offset, s.count,
-                        static_cast<std::size_t>(sync_.grad(s.param).data() - sync_.grads().all().data()) +
+                        static_cast<std::size_t>(sync_->grad(s.param).data() - sync_->grads().all().data()) +
                             s.param_offset});
-      grads = gather(segs, sync_.grads().all(), true);
+      grads = gather(segs, sync_->grads().all(), true);
     } else {
-      grads = gather(buffer_segments(sync_.grads()), sync_.grads().all(), false);
+      grads = gather(buffer_segments(sync_->grads()), sync_->grads().all(), false);
     }
     if (world_.rank() != 0) return;
     // The whole global batch, as every rank's sampler gives it.
@@ -607,7 +692,9 @@ class trainer {
   model_place place_;
   std::vector<param_spec> specs_;
   gpt_model<B> model_;
-  weft::grad::synchronizer<B, float> sync_;
+  std::unique_ptr<weft::grad::synchronizer<B, float>> sync_;  // none and ZeRO-1
+  std::unique_ptr<fully_sharded<B>> fsdp_;                    // ZeRO-2, ZeRO-3, HSDP
+  std::vector<state_segment> packed_segments_;                // with fsdp_: the packed local parts
   timeline trace_;
   whole_index index_;
   std::unique_ptr<weft::grad::flat_buffer<float>> params_;

@@ -16,7 +16,6 @@ using weft::tune::sharding;
 
 namespace {
 
-comm_t world() { return comm_t(weft::mpi_backend::comm::world(), "dp"); }
 
 /// Sum of |a - b| over the parameters: that the training moved them at all.
 double distance(const std::vector<double>& a, const std::vector<double>& b) {
@@ -45,7 +44,7 @@ double max_difference(const std::vector<double>& a, const std::vector<double>& b
 }  // namespace
 
 TEST_CASE("ZeRO-3 and ZeRO-2 match unsharded data parallel", "[fsdp][equivalence]") {
-  auto dp = world();
+  auto dp = dp_world();
   const int steps = 4;
   const auto initial = train_ddp(dp, 0, 1);
   for (int k : {1, 3}) {
@@ -87,7 +86,7 @@ TEST_CASE("ZeRO-3 and ZeRO-2 match unsharded data parallel", "[fsdp][equivalence
 
 TEST_CASE("mixed precision: parameters gathered in float or bfloat16, reduced in float or bfloat16",
           "[fsdp][equivalence][precision]") {
-  auto dp = world();
+  auto dp = dp_world();
   const int steps = 3, k = 2;
   const auto reference = train_ddp(dp, steps, k);
   const auto initial = train_ddp(dp, 0, 1);

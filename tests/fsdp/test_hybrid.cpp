@@ -11,14 +11,8 @@
 using namespace fsdp_test;
 using weft::tune::sharding;
 
-namespace {
-
-comm_t world() { return comm_t(weft::mpi_backend::comm::world(), "dp"); }
-
-}  // namespace
-
 TEST_CASE("the dp group splits into per-node shard groups and cross-node replicate groups", "[fsdp][hybrid]") {
-  auto dp = world();
+  auto dp = dp_world();
   const int per_node = dp.size() >= 4 ? 2 : 1;
   auto groups = weft::fsdp::split_by_node(dp, dp.rank(), per_node);
   REQUIRE(groups.shard.size() == per_node);
@@ -36,14 +30,14 @@ TEST_CASE("the dp group splits into per-node shard groups and cross-node replica
 }
 
 TEST_CASE("unequal nodes are refused on every rank", "[fsdp][hybrid][errors]") {
-  auto dp = world();
+  auto dp = dp_world();
   REQUIRE_THROWS_WITH(weft::fsdp::split_by_node(dp, dp.rank(), 0), Catch::Contains("ranks_per_node is 0"));
   if (dp.size() < 3) return;  // nodes of dp - 1 ranks and of 1 rank need 3 ranks
   REQUIRE_THROWS_WITH(weft::fsdp::split_by_node(dp, dp.rank(), dp.size() - 1), Catch::Contains("ranks disagree about the number of dp ranks on each node"));
 }
 
 TEST_CASE("HSDP matches unsharded data parallel", "[fsdp][hybrid]") {
-  auto dp = world();
+  auto dp = dp_world();
   const int steps = 3;
   for (int per_node : {1, 2}) {
     if (dp.size() % per_node != 0) continue;

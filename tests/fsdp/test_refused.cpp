@@ -13,7 +13,6 @@ using weft::tune::sharding;
 
 namespace {
 
-comm_t world() { return comm_t(weft::mpi_backend::comm::world(), "dp"); }
 
 void clean_step(model_t<double>& model) {
   micro_step(model, samples_of(0, 0, 1, model.shard_group().rank(), model.shard_group().size()));
@@ -23,7 +22,7 @@ void clean_step(model_t<double>& model) {
 }  // namespace
 
 TEST_CASE("parameters touched outside their unit's scope are refused", "[fsdp][errors]") {
-  auto dp = world();
+  auto dp = dp_world();
   model_t<double> model(dp, {});
   register_units(model);
   load_initial(model);
@@ -45,7 +44,7 @@ TEST_CASE("parameters touched outside their unit's scope are refused", "[fsdp][e
 }
 
 TEST_CASE("units out of order, nested scopes and misplaced calls are refused", "[fsdp][errors]") {
-  auto dp = world();
+  auto dp = dp_world();
   model_t<double> model(dp, {});
   register_units(model);
   load_initial(model);
@@ -67,7 +66,7 @@ TEST_CASE("units out of order, nested scopes and misplaced calls are refused", "
 }
 
 TEST_CASE("a unit skipped in backward is reduced as zeros and named", "[fsdp][errors]") {
-  auto dp = world();
+  auto dp = dp_world();
   model_t<double> model(dp, {.level = sharding::full});
   register_units(model);
   load_initial(model);
@@ -82,7 +81,7 @@ TEST_CASE("a unit skipped in backward is reduced as zeros and named", "[fsdp][er
 }
 
 TEST_CASE("an exception inside a unit's scope closes it without communicating", "[fsdp][errors]") {
-  auto dp = world();
+  auto dp = dp_world();
   model_t<double> model(dp, {});
   register_units(model);
   load_initial(model);
@@ -99,7 +98,7 @@ TEST_CASE("an exception inside a unit's scope closes it without communicating", 
 }
 
 TEST_CASE("shard layouts or options that differ across ranks are refused on every rank", "[fsdp][errors]") {
-  auto dp = world();
+  auto dp = dp_world();
   {
     model_t<double> model(dp, {});
     model.add_unit("a", {{"w", dp.rank() == 0 ? std::size_t{10} : std::size_t{11}}});
@@ -114,7 +113,7 @@ TEST_CASE("shard layouts or options that differ across ranks are refused on ever
 }
 
 TEST_CASE("sharding levels and types the model does not run are refused", "[fsdp][errors]") {
-  auto dp = world();
+  auto dp = dp_world();
   REQUIRE_THROWS_WITH(model_t<double>(dp, {.level = sharding::optimizer}),
                       Catch::Contains("weft::grad::synchronizer for none and optimizer"));
   REQUIRE_THROWS_WITH(model_t<double>(dp, {.level = sharding::none}), Catch::Contains("sharding::full (ZeRO-3)"));

@@ -9,14 +9,8 @@
 using namespace fsdp_test;
 using weft::tune::sharding;
 
-namespace {
-
-comm_t world() { return comm_t(weft::mpi_backend::comm::world(), "dp"); }
-
-}  // namespace
-
 TEST_CASE("sharded state saved as whole tensors resumes on a different dp", "[fsdp][resume]") {
-  auto dp = world();
+  auto dp = dp_world();
   const int k = 2, before = 2, after = 2;
   const auto reference = train_ddp(dp, before + after, k);
 
@@ -64,7 +58,7 @@ TEST_CASE("sharded state saved as whole tensors resumes on a different dp", "[fs
 }
 
 TEST_CASE("whole tensors that do not fit the model are refused", "[fsdp][resume][errors]") {
-  auto dp = world();
+  auto dp = dp_world();
   model_t<double> model(dp, {});
   register_units(model);
   auto whole = model.gather_whole_params();

@@ -20,7 +20,6 @@ using weft::tune::sharding;
 
 namespace {
 
-comm_t world() { return comm_t(weft::mpi_backend::comm::world(), "dp"); }
 
 constexpr std::size_t root = 0;
 
@@ -82,7 +81,7 @@ std::vector<double> rooted_whole(model_t<double>& model) {
 }  // namespace
 
 TEST_CASE("an enclosing root unit trains like unsharded data parallel", "[fsdp][root]") {
-  auto dp = world();
+  auto dp = dp_world();
   const int steps = 4;
   for (int k : {1, 2}) {
     const auto reference = train_ddp(dp, steps, k);
@@ -112,21 +111,11 @@ TEST_CASE("an enclosing root unit trains like unsharded data parallel", "[fsdp][
 }
 
 TEST_CASE("the root stays gathered around the other units, which prefetch as usual", "[fsdp][root][schedule]") {
-  auto dp = world();
+  auto dp = dp_world();
   model_t<double> model(dp, {.level = sharding::full, .enclosing_root = true, .record_schedule = true});
   register_rooted(model);
-  constexpr auto F = pass::forward;
-  constexpr auto Bk = pass::backward;
-  constexpr auto issue = schedule_kind::gather_issued;
-  constexpr auto waited = schedule_kind::gather_waited;
-  constexpr auto freed = schedule_kind::params_freed;
-  constexpr auto reduce = schedule_kind::reduce_issued;
-  struct step {
-    pass during;
-    schedule_kind kind;
-    std::size_t unit;
-  };
-  const std::vector<step> expected = {
+  using namespace fsdp_test::events;
+  const std::vector<schedule_step> expected = {
       // forward: the root first (prefetching unit 1), then units 1 and 2 inside it; the root is
       // not freed after its forward, unit 2 (the last) neither
       {F, issue, 0}, {F, issue, 1}, {F, waited, 0},
@@ -137,18 +126,10 @@ TEST_CASE("the root stays gathered around the other units, which prefetch as usu
       {Bk, issue, 1}, {Bk, reduce, 2}, {Bk, freed, 2},
       {Bk, waited, 1}, {Bk, reduce, 1}, {Bk, freed, 1},
       {Bk, reduce, 0}, {Bk, freed, 0}};
-  auto text = [](const auto& steps) {
-    std::string out;
-    for (const auto& s : steps)
-      if (s.kind != schedule_kind::reduce_done)
-        out += std::string(to_string(s.during)) + " " + std::string(to_string(s.kind)) + " " + std::to_string(s.unit) +
-               "\n";
-    return out;
-  };
   for (int micro = 0; micro < 2; ++micro) {
     model.clear_schedule();
     rooted_micro_step(model, samples_of(0, micro, 2, dp.rank(), dp.size()));
-    const std::string got = text(model.schedule());
+    const std::string got = text(issued(model.schedule()));
     INFO(got);
     REQUIRE(got == text(expected));
     model.finish();
@@ -156,7 +137,7 @@ TEST_CASE("the root stays gathered around the other units, which prefetch as usu
 }
 
 TEST_CASE("the root's scope must enclose the others'", "[fsdp][root][errors]") {
-  auto dp = world();
+  auto dp = dp_world();
   model_t<double> model(dp, {.level = sharding::full, .enclosing_root = true});
   register_rooted(model);
   REQUIRE_THROWS_WITH(model.forward(1), Catch::Contains("out of order: unit 'ends' (0) is next"));

@@ -12,43 +12,14 @@
 using namespace fsdp_test;
 using weft::fsdp::fsdp_options;
 using weft::fsdp::pass;
-using weft::fsdp::schedule_event;
 using weft::fsdp::schedule_kind;
 using weft::tune::sharding;
 
 namespace {
 
-comm_t world() { return comm_t(weft::mpi_backend::comm::world(), "dp"); }
+using namespace fsdp_test::events;
 
-struct step {
-  pass during;
-  schedule_kind kind;
-  std::size_t unit;
-};
-
-/// The recorded events without reduce_done (when a reduction is seen complete depends on timing).
-std::vector<step> issued(const std::vector<schedule_event>& events) {
-  std::vector<step> out;
-  for (const auto& e : events)
-    if (e.kind != schedule_kind::reduce_done) out.push_back({e.during, e.kind, e.unit});
-  return out;
-}
-
-std::string text(const std::vector<step>& steps) {
-  std::string out;
-  for (const auto& s : steps)
-    out += std::string(to_string(s.during)) + " " + std::string(to_string(s.kind)) + " " + std::to_string(s.unit) + "\n";
-  return out;
-}
-
-constexpr auto F = pass::forward;
-constexpr auto Bk = pass::backward;
-constexpr auto issue = schedule_kind::gather_issued;
-constexpr auto waited = schedule_kind::gather_waited;
-constexpr auto freed = schedule_kind::params_freed;
-constexpr auto reduce = schedule_kind::reduce_issued;
-
-std::vector<step> run_one_micro_step(model_t<double>& model) {
+std::vector<schedule_step> run_one_micro_step(model_t<double>& model) {
   model.clear_schedule();
   micro_step(model, samples_of(0, 0, 1, model.shard_group().rank(), model.shard_group().size()));
   auto out = issued(model.schedule());
@@ -65,12 +36,12 @@ std::vector<step> run_one_micro_step(model_t<double>& model) {
 }  // namespace
 
 TEST_CASE("ZeRO-3 prefetches the next unit's gather in forward and backward order", "[fsdp][schedule]") {
-  auto dp = world();
+  auto dp = dp_world();
   model_t<double> model(dp, {.level = sharding::full, .record_schedule = true});
   register_units(model);
   load_initial(model);
   REQUIRE(model.unit_count() == 4);
-  const std::vector<step> expected = {
+  const std::vector<schedule_step> expected = {
       // forward: unit u's gather waited for after unit u+1's was issued; freed after its forward
       {F, issue, 0}, {F, issue, 1}, {F, waited, 0}, {F, freed, 0},
       {F, issue, 2}, {F, waited, 1}, {F, freed, 1},
@@ -89,12 +60,12 @@ TEST_CASE("ZeRO-3 prefetches the next unit's gather in forward and backward orde
 }
 
 TEST_CASE("ZeRO-3 without prefetch waits for each gather right after issuing it", "[fsdp][schedule]") {
-  auto dp = world();
+  auto dp = dp_world();
   model_t<double> model(dp, {.level = sharding::full, .reshard_after_forward = false, .prefetch = false,
                              .record_schedule = true});
   register_units(model);
   load_initial(model);
-  const std::vector<step> expected = {
+  const std::vector<schedule_step> expected = {
       {F, issue, 0}, {F, waited, 0}, {F, issue, 1}, {F, waited, 1},
       {F, issue, 2}, {F, waited, 2}, {F, issue, 3}, {F, waited, 3},
       // kept after forward: backward gathers nothing
@@ -106,11 +77,11 @@ TEST_CASE("ZeRO-3 without prefetch waits for each gather right after issuing it"
 }
 
 TEST_CASE("ZeRO-2 gathers once after each optimizer step, and only the units that changed", "[fsdp][schedule]") {
-  auto dp = world();
+  auto dp = dp_world();
   model_t<double> model(dp, {.level = sharding::gradients, .record_schedule = true});
   register_units(model);
   load_initial(model);
-  const std::vector<step> first_expected = {
+  const std::vector<schedule_step> first_expected = {
       {F, issue, 0}, {F, issue, 1}, {F, waited, 0}, {F, issue, 2}, {F, waited, 1},
       {F, issue, 3}, {F, waited, 2}, {F, waited, 3},
       {Bk, reduce, 3}, {Bk, reduce, 2}, {Bk, reduce, 1}, {Bk, reduce, 0}};
@@ -118,12 +89,12 @@ TEST_CASE("ZeRO-2 gathers once after each optimizer step, and only the units tha
   INFO(text(got));
   REQUIRE(text(got) == text(first_expected));
   // No optimizer step: the parameters are current, nothing is gathered.
-  const std::vector<step> steady = {{Bk, reduce, 3}, {Bk, reduce, 2}, {Bk, reduce, 1}, {Bk, reduce, 0}};
+  const std::vector<schedule_step> steady = {{Bk, reduce, 3}, {Bk, reduce, 2}, {Bk, reduce, 1}, {Bk, reduce, 0}};
   REQUIRE(text(run_one_micro_step(model)) == text(steady));
   // The optimizer changed units 1 and 3 only: they are gathered again, with prefetch.
   (void)model.shard_params(1);
   (void)model.shard_params(3);
-  const std::vector<step> after_update = {
+  const std::vector<schedule_step> after_update = {
       {F, issue, 1}, {F, waited, 1}, {F, issue, 3}, {F, waited, 3},
       {Bk, reduce, 3}, {Bk, reduce, 2}, {Bk, reduce, 1}, {Bk, reduce, 0}};
   got = run_one_micro_step(model);

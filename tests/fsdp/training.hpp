@@ -13,11 +13,48 @@
 
 #include <cmath>
 #include <cstddef>
+#include <string>
 #include <vector>
 
 namespace fsdp_test {
 
 using comm_t = weft::communicator<weft::mpi_backend>;
+
+/// The test's data-parallel group: every rank.
+inline comm_t dp_world() { return comm_t(weft::mpi_backend::comm::world(), "dp"); }
+
+/// One recorded communication event, without its micro-step (for comparing orders).
+struct schedule_step {
+  weft::fsdp::pass during;
+  weft::fsdp::schedule_kind kind;
+  std::size_t unit;
+};
+
+/// The recorded events without reduce_done (when a reduction is seen complete depends on timing).
+inline std::vector<schedule_step> issued(const std::vector<weft::fsdp::schedule_event>& events) {
+  std::vector<schedule_step> out;
+  for (const auto& e : events)
+    if (e.kind != weft::fsdp::schedule_kind::reduce_done) out.push_back({e.during, e.kind, e.unit});
+  return out;
+}
+
+/// Short names for writing expected sequences by hand.
+namespace events {
+constexpr auto F = weft::fsdp::pass::forward;
+constexpr auto Bk = weft::fsdp::pass::backward;
+constexpr auto issue = weft::fsdp::schedule_kind::gather_issued;
+constexpr auto waited = weft::fsdp::schedule_kind::gather_waited;
+constexpr auto freed = weft::fsdp::schedule_kind::params_freed;
+constexpr auto reduce = weft::fsdp::schedule_kind::reduce_issued;
+}  // namespace events
+
+/// A sequence of events as lines, for a readable comparison.
+inline std::string text(const std::vector<schedule_step>& steps) {
+  std::string out;
+  for (const auto& s : steps)
+    out += std::string(to_string(s.during)) + " " + std::string(to_string(s.kind)) + " " + std::to_string(s.unit) + "\n";
+  return out;
+}
 
 inline const layer_stack& test_stack() {
   static const layer_stack stack{{6, 9, 7, 8, 3}};

@@ -55,6 +55,15 @@ def main():
             ("a corrupt checkpoint", 2, ["--init-from", corrupt], corrupt),
             ("a missing checkpoint", 2, ["--resume", os.path.join(tmp, "none.safetensors")], "cannot open it"),
             ("resume without the optimizer state", 2, ["--resume", stateless], "stateless.safetensors.optimizer"),
+            ("full sharding with pipeline stages", 2, ["--pp", "2", "--sharding", "zero3"],
+             "run with --pp 1"),
+            ("full sharding with a schedule that overlaps micro-batches", 2, ["--sharding", "zero2", "--schedule", "gpipe"],
+             "need --schedule 1f1b"),
+            ("an unknown sharding level", 2, ["--sharding", "zero4"], "is not a level train_gpt runs"),
+            ("a node size without hybrid sharding", 2, ["--sharding", "zero3", "--ranks-per-node", "1"],
+             "--ranks-per-node is for --sharding hsdp"),
+            ("hybrid sharding over unequal nodes", 4, ["--sharding", "hsdp", "--ranks-per-node", "3"],
+             "has 3 ranks on node 0 but 1 on node 1; hybrid sharding needs equal shard groups"),
         ]
         for what, ranks, flags, fragment in cases:
             command = launch + ["-n", str(ranks), train_gpt] + SMALL + ["--steps", "1"] + flags

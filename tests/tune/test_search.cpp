@@ -218,6 +218,26 @@ TEST_CASE("rule of thumb: pipeline parallelism only when memory forces it") {
   CHECK(search(gpt3, cluster, job, no_pipeline).plans.empty());
 }
 
+TEST_CASE("software whose full sharding cannot run under a pipeline never gets both") {
+  // GPT-3 175B on 128 GPUs: the best plans shard beyond ZeRO-1 and use a pipeline.
+  const cluster_desc cluster = large_reference_cluster(16);
+  const model_desc gpt3 = *model_preset("gpt3-175b");
+  const job_desc job{.global_batch = 512};
+  auto deep_and_piped = [](const search_result& r) {
+    int n = 0;
+    for (const plan& p : r.plans)
+      n += p.config.sharding_mode >= sharding::gradients && p.config.parallel.pp > 1;
+    return n;
+  };
+  search_options any{.top = 50};
+  REQUIRE(deep_and_piped(search(gpt3, cluster, job, any)) > 0);  // otherwise the check below says nothing
+  search_options apart{.top = 50};
+  apart.software.sharding_with_pipeline = false;
+  const search_result r = search(gpt3, cluster, job, apart);
+  REQUIRE(!r.plans.empty());
+  CHECK(deep_and_piped(r) == 0);
+}
+
 TEST_CASE("a model that fits nowhere yields no plan and the layout that came closest") {
   const search_result r = search(*model_preset("llama3-405b"), dgx_cluster(*gpu_preset("A100-40GB"), 1), {.global_batch = 64});
   CHECK(r.plans.empty());

@@ -87,6 +87,10 @@ struct software_desc {
   bool overlap_dp = true;           ///< gradient reduction and weight all-gather overlap compute
   bool overlap_tp = false;          ///< tensor-parallel collectives are split and overlapped with the GEMMs
   sharding max_sharding = sharding::full;  ///< deepest ZeRO stage available
+  /// ZeRO-2 and ZeRO-3 combine with pipeline parallelism (torchtitan shards each stage). False
+  /// where a fully sharded model runs each micro-batch's units forward and backward in order
+  /// before the next micro-batch (weft::fsdp::sharded_model), which pipeline schedules interleave.
+  bool sharding_with_pipeline = true;
   /// Selective recomputation (only the attention core; Korthikanti et al. 2022) is available.
   /// Software older than that paper checkpoints whole layers or nothing.
   bool selective_recompute = true;

@@ -125,6 +125,7 @@ inline search_result search(const model_desc& model, const cluster_desc& cluster
             const auto shard = static_cast<sharding>(sh);
             if (fx.sharding_mode && *fx.sharding_mode != shard) continue;
             if (shard != sharding::none && dp * cp == 1) continue;  // nothing to shard over
+            if (shard >= sharding::gradients && pp > 1 && !sw.sharding_with_pipeline) continue;
             for (int vp = 1; vp <= (pp > 1 && sw.interleaved_schedule ? options.max_vp : 1); ++vp) {
               if (!detail::keep(fx.vp, vp)) continue;
               if (vp > 1 && ((!weft::layout::pp_splits_layers(model.layers, pp, vp) && !options.allow_uneven_stages) ||
