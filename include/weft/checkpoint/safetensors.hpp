@@ -25,7 +25,7 @@
 #include <sys/stat.h>
 
 #include <weft/checkpoint/detail/file_io.hpp>
-#include <weft/checkpoint/detail/json.hpp>
+#include <weft/core/detail/json.hpp>
 #include <weft/core/dtype.hpp>
 #include <weft/core/error.hpp>
 
@@ -44,6 +44,15 @@ struct tensor_record {
 };
 
 namespace detail {
+
+// The project's JSON reader and writer (core/detail/json.hpp).
+using weft::detail::append_json_string;
+using weft::detail::describe;
+using weft::detail::json_member;
+using weft::detail::json_parser;
+using weft::detail::json_syntax_error;
+using weft::detail::json_value;
+using weft::detail::valid_utf8;
 
 inline std::string shape_text(std::span<const std::int64_t> shape) {
   std::string text = "[";

@@ -24,8 +24,8 @@
 
 #include <weft/core/dtype.hpp>
 #include <weft/core/error.hpp>
+#include <weft/core/detail/json.hpp>
 #include <weft/core/reduce_op.hpp>
-#include <weft/trace/detail/json.hpp>
 #include <weft/trace/flight_recorder.hpp>
 #include <weft/trace/operation.hpp>
 
@@ -76,18 +76,18 @@ inline std::string reduction_name(int reduction) {
 }
 
 inline std::string to_json(const flight_dump& dump) {
-  using detail::json_quote;
+  using weft::detail::json_string;
   char hex[32];
   std::string out = "{\"format\": \"weft-flight-recorder\", \"version\": 1, \"rank\": " + std::to_string(dump.rank) +
-                    ", \"host\": " + json_quote(dump.host) + ", \"pid\": " + std::to_string(dump.pid) +
-                    ", \"reason\": " + json_quote(dump.reason) + ", \"message\": " + json_quote(dump.message) +
+                    ", \"host\": " + json_string(dump.host) + ", \"pid\": " + std::to_string(dump.pid) +
+                    ", \"reason\": " + json_string(dump.reason) + ", \"message\": " + json_string(dump.message) +
                     ", \"dumped_at_ns\": " + std::to_string(dump.dumped_at_ns) +
                     ", \"unix_time_ns\": " + std::to_string(dump.unix_time_ns) + ",\n \"groups\": [";
   for (std::size_t g = 0; g < dump.groups.size(); ++g) {
     const group_dump& group = dump.groups[g];
     std::snprintf(hex, sizeof(hex), "0x%016llx", static_cast<unsigned long long>(group.fingerprint));
     out += (g == 0 ? "\n  {" : ",\n  {");
-    out += "\"name\": " + json_quote(group.name) + ", \"rank\": " + std::to_string(group.rank) +
+    out += "\"name\": " + json_string(group.name) + ", \"rank\": " + std::to_string(group.rank) +
            ", \"size\": " + std::to_string(group.size) + ", \"members\": [";
     for (std::size_t m = 0; m < group.members.size(); ++m)
       out += (m == 0 ? "" : ", ") + std::to_string(group.members[m]);
@@ -112,29 +112,43 @@ inline std::string to_json(const flight_dump& dump) {
 
 namespace detail {
 
-inline const json_value& member(const json_object& object, std::string_view key, std::string_view where) {
-  auto found = object.find(key);
-  if (found == object.end()) throw error("flight-recorder dump: " + std::string(where) + " has no \"" + std::string(key) + "\"");
-  return found->second;
+using weft::detail::json_value;
+using kind = json_value::kind;
+
+inline const json_value& member(const json_value& object, std::string_view key, std::string_view where) {
+  const json_value* found = weft::detail::find_member(object, key);
+  if (!found) throw error("flight-recorder dump: " + std::string(where) + " has no \"" + std::string(key) + "\"");
+  return *found;
 }
 
-inline std::int64_t integer_member(const json_object& object, std::string_view key, std::string_view where) {
+inline std::int64_t integer_member(const json_value& object, std::string_view key, std::string_view where) {
   const json_value& v = member(object, key, where);
-  if (!v.is_number()) throw error("flight-recorder dump: \"" + std::string(key) + "\" in " + std::string(where) + " is not a number");
-  return std::stoll(v.number_text);
+  if (v.type != kind::number || !v.integer)
+    throw error("flight-recorder dump: \"" + std::string(key) + "\" in " + std::string(where) + " is not an integer");
+  return *v.integer;
 }
 
-inline std::uint64_t unsigned_member(const json_object& object, std::string_view key, std::string_view where) {
+inline std::uint64_t unsigned_member(const json_value& object, std::string_view key, std::string_view where) {
   const json_value& v = member(object, key, where);
-  if (!v.is_number() || v.number_text.starts_with('-'))
+  if (v.type != kind::number || v.text.starts_with('-') || v.text.find_first_of(".eE") != std::string::npos)
     throw error("flight-recorder dump: \"" + std::string(key) + "\" in " + std::string(where) + " is not a count");
-  return std::stoull(v.number_text);
+  return std::stoull(v.text);
 }
 
-inline std::string string_member(const json_object& object, std::string_view key, std::string_view where) {
+inline std::string string_member(const json_value& object, std::string_view key, std::string_view where) {
   const json_value& v = member(object, key, where);
-  if (!v.is_string()) throw error("flight-recorder dump: \"" + std::string(key) + "\" in " + std::string(where) + " is not a string");
-  return v.string();
+  if (v.type != kind::string)
+    throw error("flight-recorder dump: \"" + std::string(key) + "\" in " + std::string(where) + " is not a string");
+  return v.text;
+}
+
+inline json_value parse_dump_text(std::string_view text) {
+  try {
+    return weft::detail::json_parser::parse(text);
+  } catch (const weft::detail::json_syntax_error& e) {
+    throw error("flight-recorder dump: not valid JSON: " + std::string(e.what()) + " (byte " +
+                std::to_string(e.offset()) + ")");
+  }
 }
 
 inline dtype dtype_from_name(const std::string& name) {
@@ -154,9 +168,8 @@ inline int reduction_from_name(const std::string& name) {
 /// Reads a dump written by to_json. @throws weft::error saying what is missing or malformed.
 inline flight_dump parse_flight_dump(std::string_view text) {
   using namespace detail;
-  const json_value root = parse_json(text);
-  if (!root.is_object()) throw error("flight-recorder dump: the file is not a JSON object");
-  const json_object& top = root.object();
+  const json_value top = parse_dump_text(text);
+  if (top.type != kind::object) throw error("flight-recorder dump: the file is not a JSON object");
   if (string_member(top, "format", "the dump") != "weft-flight-recorder")
     throw error("flight-recorder dump: \"format\" is not \"weft-flight-recorder\"");
   flight_dump dump;
@@ -164,31 +177,29 @@ inline flight_dump parse_flight_dump(std::string_view text) {
   dump.host = string_member(top, "host", "the dump");
   dump.pid = static_cast<long>(integer_member(top, "pid", "the dump"));
   dump.reason = string_member(top, "reason", "the dump");
-  if (auto m = top.find("message"); m != top.end() && m->second.is_string()) dump.message = m->second.string();
+  if (const json_value* m = weft::detail::find_member(top, "message"); m && m->type == kind::string) dump.message = m->text;
   dump.dumped_at_ns = integer_member(top, "dumped_at_ns", "the dump");
   dump.unix_time_ns = integer_member(top, "unix_time_ns", "the dump");
   const json_value& groups = member(top, "groups", "the dump");
-  if (!groups.is_array()) throw error("flight-recorder dump: \"groups\" is not an array");
-  for (const json_value& gv : groups.array()) {
-    if (!gv.is_object()) throw error("flight-recorder dump: a group is not an object");
-    const json_object& go = gv.object();
+  if (groups.type != kind::array) throw error("flight-recorder dump: \"groups\" is not an array");
+  for (const json_value& go : groups.items) {
+    if (go.type != kind::object) throw error("flight-recorder dump: a group is not an object");
     group_dump g;
     g.name = string_member(go, "name", "a group");
     const std::string where = "group '" + g.name + "'";
     g.rank = static_cast<int>(integer_member(go, "rank", where));
     g.size = static_cast<int>(integer_member(go, "size", where));
-    if (auto m = go.find("members"); m != go.end() && m->second.is_array())
-      for (const json_value& rank : m->second.array())
-        if (rank.is_number()) g.members.push_back(static_cast<int>(rank.number()));
+    if (const json_value* m = weft::detail::find_member(go, "members"); m && m->type == kind::array)
+      for (const json_value& rank : m->items)
+        if (rank.integer) g.members.push_back(static_cast<int>(*rank.integer));
     g.timeout_ms = integer_member(go, "timeout_ms", where);
     g.issued = unsigned_member(go, "issued", where);
     g.collectives = unsigned_member(go, "collectives", where);
     g.fingerprint = std::stoull(string_member(go, "fingerprint", where), nullptr, 16);
     const json_value& entries = member(go, "entries", where);
-    if (!entries.is_array()) throw error("flight-recorder dump: \"entries\" of " + where + " is not an array");
-    for (const json_value& ev : entries.array()) {
-      if (!ev.is_object()) throw error("flight-recorder dump: an entry of " + where + " is not an object");
-      const json_object& eo = ev.object();
+    if (entries.type != kind::array) throw error("flight-recorder dump: \"entries\" of " + where + " is not an array");
+    for (const json_value& eo : entries.items) {
+      if (eo.type != kind::object) throw error("flight-recorder dump: an entry of " + where + " is not an object");
       flight_record r;
       r.sequence = unsigned_member(eo, "seq", where);
       const std::string op = string_member(eo, "op", where);
@@ -198,8 +209,8 @@ inline flight_dump parse_flight_dump(std::string_view text) {
       r.type = dtype_from_name(string_member(eo, "dtype", where));
       r.count = unsigned_member(eo, "count", where);
       r.peer = static_cast<int>(integer_member(eo, "peer", where));
-      if (auto red = eo.find("reduction"); red != eo.end() && red->second.is_string())
-        r.reduction = reduction_from_name(red->second.string());
+      if (const json_value* red = weft::detail::find_member(eo, "reduction"); red && red->type == kind::string)
+        r.reduction = reduction_from_name(red->text);
       const std::string state = string_member(eo, "state", where);
       const auto parsed_state = op_state_from_name(state);
       if (!parsed_state) throw error("flight-recorder dump: unknown state \"" + state + "\" in " + where);

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include <weft/core/error.hpp>
-#include <weft/trace/detail/json.hpp>
+#include <weft/core/detail/json.hpp>
 #include <weft/tune/cost_model.hpp>
 #include <weft/tune/report.hpp>
 
@@ -149,52 +149,58 @@ inline std::string to_json(const measured_hardware& hw) {
 
 /// Parses a hardware description; throws weft::error naming the missing or wrong field.
 inline measured_hardware parse_hardware(std::string_view text, const std::string& origin = "hardware description") {
-  using weft::trace::detail::json_object;
-  using weft::trace::detail::json_value;
-  const json_value doc = weft::trace::detail::parse_json(text);
-  if (!doc.is_object()) fail("tune: " + origin + " is not a JSON object");
-  auto field = [&](const json_object& o, const std::string& name, const std::string& where) -> const json_value& {
-    auto it = o.find(name);
-    if (it == o.end()) fail("tune: " + origin + " has no '" + where + name + "'; write it with weft-plan --probe");
-    return it->second;
+  using weft::detail::json_value;
+  using kind = json_value::kind;
+  json_value doc;
+  try {
+    doc = weft::detail::json_parser::parse(text);
+  } catch (const weft::detail::json_syntax_error& e) {
+    fail("tune: " + origin + " is not valid JSON: " + e.what() + " (byte " + std::to_string(e.offset()) + ")");
+  }
+  if (doc.type != kind::object) fail("tune: " + origin + " is not a JSON object");
+  auto field = [&](const json_value& o, const std::string& name, const std::string& where) -> const json_value& {
+    const json_value* found = weft::detail::find_member(o, name);
+    if (!found) fail("tune: " + origin + " has no '" + where + name + "'; write it with weft-plan --probe");
+    return *found;
   };
-  auto positive = [&](const json_object& o, const std::string& name, const std::string& where = "") {
+  auto positive = [&](const json_value& o, const std::string& name, const std::string& where = "") {
     const json_value& v = field(o, name, where);
-    if (!v.is_number() || !(v.number() > 0))
+    if (v.type != kind::number || !(weft::detail::number_value(v) > 0))
       fail("tune: " + origin + ": '" + where + name + "' must be a positive number");
-    return v.number();
+    return weft::detail::number_value(v);
   };
-  const json_object& o = doc.object();
+  const json_value& o = doc;
   const json_value& format = field(o, "format", "");
-  if (!format.is_string() || format.string() != "weft.hardware.v1")
+  if (format.type != kind::string || format.text != "weft.hardware.v1")
     fail("tune: " + origin + " is not a weft.hardware.v1 description (field 'format')");
   measured_hardware hw;
-  if (auto it = o.find("name"); it != o.end() && it->second.is_string()) hw.name = it->second.string();
+  if (const json_value* name = weft::detail::find_member(o, "name"); name && name->type == kind::string) hw.name = name->text;
   hw.ranks_per_node = static_cast<int>(positive(o, "ranks_per_node"));
   hw.nodes = static_cast<int>(positive(o, "nodes"));
   hw.memory_bytes = positive(o, "memory_bytes");
   hw.memory_bandwidth = positive(o, "memory_bandwidth");
   hw.gemm_peak_flops = positive(o, "gemm_peak_flops");
   const json_value& half = field(o, "gemm_half_size", "");
-  if (!half.is_number() || half.number() < 0) fail("tune: " + origin + ": 'gemm_half_size' must be a number >= 0");
-  hw.gemm_half_size = half.number();
-  if (auto it = o.find("gemm_samples"); it != o.end() && it->second.is_array())
-    for (const json_value& s : it->second.array())
-      if (s.is_array() && s.array().size() == 2 && s.array()[0].is_number() && s.array()[1].is_number())
-        hw.gemm_samples.push_back({s.array()[0].number(), s.array()[1].number()});
+  if (half.type != kind::number || weft::detail::number_value(half) < 0)
+    fail("tune: " + origin + ": 'gemm_half_size' must be a number >= 0");
+  hw.gemm_half_size = weft::detail::number_value(half);
+  if (const json_value* samples = weft::detail::find_member(o, "gemm_samples"); samples && samples->type == kind::array)
+    for (const json_value& s : samples->items)
+      if (s.type == kind::array && s.items.size() == 2 && s.items[0].type == kind::number &&
+          s.items[1].type == kind::number)
+        hw.gemm_samples.push_back({weft::detail::number_value(s.items[0]), weft::detail::number_value(s.items[1])});
   auto link = [&](const std::string& name) {
-    const json_value& v = field(o, name, "");
-    if (!v.is_object()) fail("tune: " + origin + ": '" + name + "' must be an object");
-    const json_object& l = v.object();
+    const json_value& l = field(o, name, "");
+    if (l.type != kind::object) fail("tune: " + origin + ": '" + name + "' must be an object");
     return link_measurement{positive(l, "all_reduce", name + "."), positive(l, "all_gather", name + "."),
                             positive(l, "reduce_scatter", name + "."), positive(l, "latency", name + ".")};
   };
   hw.intra_node = link("intra_node");
   hw.across_nodes = link("across_nodes");
   const json_value& p2p = field(o, "p2p", "");
-  if (!p2p.is_object()) fail("tune: " + origin + ": 'p2p' must be an object");
-  hw.p2p_bandwidth = positive(p2p.object(), "bandwidth", "p2p.");
-  hw.p2p_latency = positive(p2p.object(), "latency", "p2p.");
+  if (p2p.type != kind::object) fail("tune: " + origin + ": 'p2p' must be an object");
+  hw.p2p_bandwidth = positive(p2p, "bandwidth", "p2p.");
+  hw.p2p_latency = positive(p2p, "latency", "p2p.");
   return hw;
 }
 

@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include <weft/core/detail/json.hpp>
 #include <weft/tune/search.hpp>
 
 namespace weft::tune {
@@ -88,19 +89,7 @@ inline std::string json_number(double v) {
   std::snprintf(buffer, sizeof buffer, "%.6g", v);
   return buffer;
 }
-/// `text` as a JSON string literal.
-inline std::string json_string(std::string_view text) {
-  std::string out = "\"";
-  for (char ch : text) {
-    if (ch == '"' || ch == '\\') out += '\\';
-    if (ch == '\n') {
-      out += "\\n";
-      continue;
-    }
-    out += ch;
-  }
-  return out + "\"";
-}
+using weft::detail::json_string;  // core/detail/json.hpp
 }  // namespace detail
 
 /// One plan as a JSON object.

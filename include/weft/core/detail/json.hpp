@@ -1,23 +1,23 @@
 #pragma once
 /// \file
-/// The JSON a safetensors header needs: a parser for one document (objects keep their members in
-/// order, duplicates included, so the caller can name a duplicate; numbers keep their text and,
-/// when they are integers that fit, their value) and the string escaping of the header writer.
-/// Both follow RFC 8259 and match what Python's `json` and Rust's `serde_json` read and write.
-/// Not weft::trace::detail's parser: it keeps objects in a std::map (duplicate names and order are
-/// lost), reads non-ASCII \u escapes as '?', and its quoting differs from serde_json's for \b and
-/// \f, which a byte-exact safetensors header cannot allow.
+/// weft's one JSON reader and string writer, for the files it reads and writes (safetensors
+/// headers, flight-recorder dumps, hardware descriptions): a parser for one document (objects
+/// keep their members in order, duplicates included, so a caller can name a duplicate; numbers
+/// keep their text and, when they are integers that fit, their value) and RFC 8259 string
+/// escaping, matching what Python's `json` and Rust's `serde_json` read and write (a byte-exact
+/// safetensors header needs that).
 
 #include <charconv>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
 
-namespace weft::checkpoint::detail {
+namespace weft::detail {
 
 struct json_member;
 
@@ -376,4 +376,22 @@ class json_parser {
   std::size_t position_ = 0;
 };
 
-}  // namespace weft::checkpoint::detail
+/// The first member named `key` of an object; nullptr when it has none or is not an object.
+inline const json_value* find_member(const json_value& object, std::string_view key) noexcept {
+  if (object.type != json_value::kind::object) return nullptr;
+  for (const json_member& member : object.members)
+    if (member.key == key) return &member.value;
+  return nullptr;
+}
+
+/// A number's value as a double (the parser checked its literal).
+inline double number_value(const json_value& number) { return std::strtod(number.text.c_str(), nullptr); }
+
+/// `text` as a JSON string literal, quotes included.
+inline std::string json_string(std::string_view text) {
+  std::string out;
+  append_json_string(out, text);
+  return out;
+}
+
+}  // namespace weft::detail
