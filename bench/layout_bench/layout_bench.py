@@ -3,7 +3,7 @@
 
   layout_bench.py --train-gpt PATH --weft-plan PATH [--ranks 4] [--model-flags "..."] [--steps 8]
                   [--global-batch 8] [--layouts "tp,pp,cp[,sp] ..."] [--sharding none,zero1,zero2,zero3,hsdp]
-                  [--hardware FILE] [--json FILE]
+                  [--rounds 1] [--hardware FILE] [--json FILE]
 
 For each layout (every tp x pp x cp that divides the ranks and the model, dp the rest; sequence
 parallelism whenever tp > 1) it runs train_gpt for --steps steps with --log-json and --hardware, drops
@@ -12,10 +12,13 @@ pipeline bubble and peak memory per rank, beside the step time weft's tuner pred
 layout on the measured description of these ranks (`weft-plan --probe`, run first unless
 --hardware is given). Ends with the Spearman rank correlation between predicted and measured step
 times. --sharding runs every layout under each level given (default: none; zero2, zero3 and hsdp only
-without pipeline stages, as train_gpt runs them). --json writes a list of objects: tp, pp, dp, cp, vp,
+without pipeline stages, as train_gpt runs them). --rounds R measures every layout R times, in
+alternating order (first to last, then last to first, so a drift of the machine falls on every
+layout alike), reports each layout's median over the rounds, and the Spearman correlation between
+the rounds' own rankings: how far the measurement itself can be trusted to order layouts. --json writes a list of objects: tp, pp, dp, cp, vp,
 sp, sharding, tokens_per_s, step_time_s,
-predicted_step_time_s, exposed_comm_s, bubble_s, max_rss_bytes, training_state_bytes (and "error" for a
-layout that failed).
+predicted_step_time_s, exposed_comm_s, bubble_s, max_rss_bytes, training_state_bytes, step_time_s_rounds
+(each round's step time; the others are medians over the rounds), and "error" for a layout that failed.
 """
 import argparse
 import itertools
@@ -90,6 +93,7 @@ def main():
     p.add_argument("--global-batch", type=int, default=8)
     p.add_argument("--layouts", default="")
     p.add_argument("--sharding", default="none")
+    p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--hardware", default="")
     p.add_argument("--threads", type=int, default=1, help="OpenBLAS threads per rank")
     p.add_argument("--json", default="")
@@ -116,7 +120,7 @@ def main():
         levels = a.sharding.split(",")
         runs = [dict(lay, sharding=level) for lay in layouts for level in levels
                 if level in ("none", "zero1") or lay["pp"] == 1]
-        for lay in runs:
+        def measure(lay):
             log = os.path.join(tmp, "log.json")
             cmd = launch + [a.train_gpt, *flags, "--steps", str(a.steps), "--global-batch", str(a.global_batch),
                             "--tp", str(lay["tp"]), "--pp", str(lay["pp"]), "--cp", str(lay["cp"]), "--quiet",
@@ -126,8 +130,7 @@ def main():
             row = dict(lay)
             if r.returncode != 0:
                 row["error"] = (r.stderr.strip().splitlines() or ["exit %d" % r.returncode])[-1]
-                results.append(row)
-                continue
+                return row
             with open(log) as f:
                 steps = [json.loads(line) for line in f if line.strip()][2:]
             med = lambda k: statistics.median(s[k] for s in steps)
@@ -136,10 +139,28 @@ def main():
                         "max_rss_bytes": max(s["max_rss_bytes"] for s in steps),
                         "training_state_bytes": max(s["training_state_bytes"] for s in steps),
                         "predicted_step_time_s": steps[0]["predicted_step_time_s"]})
-            results.append(row)
             print(f"  tp {lay['tp']} pp {lay['pp']} dp {lay['dp']} cp {lay['cp']}{' sp' if lay['sp'] else ''} "
-                  f"{lay['sharding']}: "
-                  f"{row['step_time_s'] * 1e3:.1f} ms (predicted {row['predicted_step_time_s'] * 1e3:.1f})", flush=True)
+                  f"{lay['sharding']}: {row['step_time_s'] * 1e3:.1f} ms "
+                  f"(predicted {row['predicted_step_time_s'] * 1e3:.1f})", flush=True)
+            return row
+
+        measured = [[] for _ in runs]  # per run, one row a round
+        for rnd in range(a.rounds):
+            order = range(len(runs)) if rnd % 2 == 0 else reversed(range(len(runs)))
+            if a.rounds > 1:
+                print(f"layout_bench: round {rnd + 1} of {a.rounds}", flush=True)
+            for i in order:
+                measured[i].append(measure(runs[i]))
+        for rows in measured:
+            failed = [r for r in rows if "error" in r]
+            if failed:
+                results.append(failed[0])
+                continue
+            row = dict(rows[0])
+            for key in ("step_time_s", "tokens_per_s", "exposed_comm_s", "bubble_s"):
+                row[key] = statistics.median(r[key] for r in rows)
+            row["step_time_s_rounds"] = [r["step_time_s"] for r in rows]
+            results.append(row)
     ok = [r for r in results if "error" not in r]
     print(f"\n{'tp':>3} {'pp':>3} {'dp':>3} {'cp':>3} {'sp':>3} {'shard':>6} {'tokens/s':>10} {'step ms':>9} {'exposed ms':>11} "
           f"{'bubble ms':>10} {'MiB/rank':>9} {'state MiB':>10} {'predicted ms':>13} {'pred/meas':>10}")
@@ -155,6 +176,13 @@ def main():
             print(f"tp {r['tp']} pp {r['pp']} cp {r['cp']} {r['sharding']}: FAILED: {r['error']}")
     rho = spearman([r["predicted_step_time_s"] for r in ok], [r["step_time_s"] for r in ok]) if len(ok) > 2 else float("nan")
     print(f"\nSpearman rank correlation, predicted vs measured step time over {len(ok)} layouts: {rho:.2f}")
+    if a.rounds > 1 and len(ok) > 2:
+        pairs = [(i, j) for i in range(a.rounds) for j in range(i + 1, a.rounds)]
+        agree = [spearman([r["step_time_s_rounds"][i] for r in ok], [r["step_time_s_rounds"][j] for r in ok])
+                 for i, j in pairs]
+        print("Spearman rank correlation between the rounds' own rankings: " +
+              ", ".join(f"{i + 1}-{j + 1}: {x:.2f}" for (i, j), x in zip(pairs, agree)) +
+              f" (median {statistics.median(agree):.2f}): how well the measurement orders these layouts at all")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=1)
