@@ -34,6 +34,12 @@
 
 namespace train_gpt {
 
+/// Whether `level` runs on weft::fsdp (ZeRO-2, ZeRO-3, HSDP) rather than the gradient
+/// synchronizer (none, ZeRO-1).
+constexpr bool runs_fully_sharded(weft::tune::sharding level) noexcept {
+  return level == weft::tune::sharding::gradients || level == weft::tune::sharding::full;
+}
+
 /// Why hybrid sharding cannot split the dp x cp groups of `layout` by nodes of `ranks_per_node`
 /// ranks (every node must hold as many ranks of a group as every other node that holds any),
 /// or nothing. Pure, so every rank finds the same answer before any group is split.

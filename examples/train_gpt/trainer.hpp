@@ -87,8 +87,7 @@ inline run_layout resolve_layout(weft::tune::layout_choice choice, int global_ba
     throw input_error("the interleaved schedule runs micro-batches in groups of pp: " + std::to_string(r.micro_batches) +
                       " micro-batches per step (global batch / (dp x micro-batch)) is not a multiple of --pp " +
                       std::to_string(d.pp) + "; change --global-batch or --micro-batch");
-  const bool fully_sharded = choice.sharding_mode == weft::tune::sharding::gradients ||
-                             choice.sharding_mode == weft::tune::sharding::full;
+  const bool fully_sharded = runs_fully_sharded(choice.sharding_mode);
   if (fully_sharded && d.pp > 1)
     throw input_error("--sharding zero2, zero3 and hsdp run with --pp 1: each micro-batch runs the units (one per "
                       "block, and the embeddings with the final norm as the root) forward in order and backward in "
@@ -185,8 +184,7 @@ class trainer {
     skip_.assign(specs_.size(), false);
     for (int c = 0; c < place_.vp; ++c) chunk_params_.emplace_back();
     for (std::size_t i = 0; i < specs_.size(); ++i) chunk_params_[static_cast<std::size_t>(specs_[i].chunk)].push_back(i);
-    if (r_.choice.sharding_mode == weft::tune::sharding::gradients ||
-        r_.choice.sharding_mode == weft::tune::sharding::full) {
+    if (runs_fully_sharded(r_.choice.sharding_mode)) {
       if (o_.hybrid)
         if (auto problem = hybrid_shard_problem(weft::layout::rank_layout(r.degrees()), ranks_per_node()))
           throw input_error(*problem);
@@ -240,18 +238,17 @@ class trainer {
       load_params(f, *from);
       return;
     }
-    if (fsdp_) {  // every rank of the shard group computes the same values and keeps its shards
-      for (std::size_t i = 0; i < specs_.size(); ++i) {
-        std::vector<float> whole = initial_whole(specs_[i], m_, o_.seed);
-        std::vector<float> local(specs_[i].local_elements);
-        cut_local(specs_[i], place_.tp_rank, place_.tp, whole, local);
-        fsdp_->load_param(i, local);
-      }
-      return;
-    }
+    std::vector<float> local;
     for (std::size_t i = 0; i < specs_.size(); ++i) {
-      std::vector<float> whole = initial_whole(specs_[i], m_, o_.seed);
-      cut_local(specs_[i], place_.tp_rank, place_.tp, whole, params_->view(i));
+      const std::vector<float> whole = initial_whole(specs_[i], m_, o_.seed);
+      if (!fsdp_) {
+        cut_local(specs_[i], place_.tp_rank, place_.tp, whole, params_->view(i));
+        continue;
+      }
+      // Every rank of the shard group computes the same values and keeps its shard.
+      local.resize(specs_[i].local_elements);
+      cut_local(specs_[i], place_.tp_rank, place_.tp, whole, local);
+      fsdp_->load_param(i, local);
     }
   }
 
