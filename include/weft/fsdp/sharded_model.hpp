@@ -321,40 +321,40 @@ class sharded_model {
     if (root_open_ == pass::forward)
       fail(where() + ": backward of unit " + unit_name(u) + " inside the root unit's forward; end the forward of "
            "unit " + unit_name(0) + " first");
+    // The unit whose gather to issue while this one computes: the previous one, or for an
+    // enclosing root (whose backward comes first) the last one.
+    std::optional<std::size_t> next;
     if (is_root(u)) {
       const std::size_t last = units_.size() - 1;
       if (root_open_ || next_backward_ != last || units_[last].backward_done)
         fail(where() + ": backward of the root unit " + unit_name(u) + " after another unit's backward began (or "
              "twice); the root's backward encloses the others': begin it first, end it last");
-      during_ = pass::backward;
-      ensure_gathered(u);
-      if (options_.prefetch && last > 0) ensure_gathered(last);
-      wait_gather(u);
-      poll();
-      units_[u].work.assign(plan_.unit(u).padded_elements(), Param{});
-      account();
-      root_open_ = pass::backward;
-      return;
+      if (last > 0) next = last;
+    } else {
+      if (options_.enclosing_root && root_open_ != pass::backward)
+        fail(where() + ": backward of unit " + unit_name(u) + " outside the root unit's backward; begin the backward "
+             "of unit " + unit_name(0) + " first (it encloses the others')");
+      if (next_backward_ >= units_.size() || u != next_backward_)
+        fail(where() + ": backward of unit " + unit_name(u) + " out of order" +
+             (next_backward_ < units_.size() ? ": unit " + unit_name(next_backward_) + " is next" : ": every unit's backward ran") +
+             "; run units backward in reverse registration order, each once per micro-step, then finish()");
+      if (u > 0) next = u - 1;
     }
-    if (options_.enclosing_root && root_open_ != pass::backward)
-      fail(where() + ": backward of unit " + unit_name(u) + " outside the root unit's backward; begin the backward "
-           "of unit " + unit_name(0) + " first (it encloses the others')");
-    if (next_backward_ >= units_.size() || u != next_backward_)
-      fail(where() + ": backward of unit " + unit_name(u) + " out of order" +
-           (next_backward_ < units_.size() ? ": unit " + unit_name(next_backward_) + " is next" : ": every unit's backward ran") +
-           "; run units backward in reverse registration order, each once per micro-step, then finish()");
     during_ = pass::backward;
     ensure_gathered(u);
-    if (options_.prefetch && u > 0) ensure_gathered(u - 1);
+    if (options_.prefetch && next) ensure_gathered(*next);
     wait_gather(u);
     // Reductions issued before this unit's gather have completed with it (the group runs its
     // operations in issue order): free their buffers before this unit's gradients are allocated.
     poll();
-    unit_state& s = units_[u];
-    s.work.assign(plan_.unit(u).padded_elements(), Param{});
+    units_[u].work.assign(plan_.unit(u).padded_elements(), Param{});
     account();
-    open_ = u;
-    open_pass_ = pass::backward;
+    if (is_root(u)) {
+      root_open_ = pass::backward;
+    } else {
+      open_ = u;
+      open_pass_ = pass::backward;
+    }
   }
 
   void end_backward(std::size_t u) {
