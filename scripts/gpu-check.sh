@@ -32,7 +32,7 @@ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DWEFT_WITH_NCC
   -DWEFT_BUILD_EXAMPLES=OFF -DWEFT_BUILD_BENCHMARKS=OFF -DWEFT_GPU_TESTS_SHARE_GPU=ON
 # Only the targets of gpu-labelled tests.
 cmake --build "$build" -j "$jobs" --target test_nccl_backend test_grad_nccl test_tp_nccl_gpu test_cp_nccl_gpu \
-  test_pipeline_nccl_gpu
+  test_pipeline_nccl_gpu test_fsdp_nccl_gpu
 
 # A hang is a failure with a name: ctest's per-test timeouts apply, and the whole run is bounded.
 export WEFT_COMM_TIMEOUT="${WEFT_COMM_TIMEOUT:-120}"

@@ -226,6 +226,23 @@ class communicator {
                     });
   }
 
+  /// As reduce_scatter_async: `recv` receives the sum over ranks of `factor` x their blocks of `send`.
+  template <buffer S, mutable_buffer R>
+    requires requires(native_type& c, const void* s, void* r, std::size_t n, dtype t) {
+      c.reduce_scatter_scaled(s, r, n, t, 1.0, completion::async);
+    }
+  request reduce_scatter_scaled_async(S&& send, R&& recv, double factor) {
+    auto [s, r] = same_typed("reduce_scatter", send, recv);
+    expect_equal("reduce_scatter", "send", s.size(), "recv x group size", r.size() * static_cast<std::size_t>(size()));
+    agree_on_call(trace::operation::reduce_scatter, r.size(), dtype_of<buffer_element_t<R>>, reduce_op::sum, -1);
+    account(s.size_bytes());
+    return dispatch(completion::async, trace::operation::reduce_scatter, dtype_of<buffer_element_t<R>>, r.size(), -1,
+                    static_cast<int>(reduce_op::sum), [&](completion how) {
+                      return native_.reduce_scatter_scaled(s.data(), const_cast<void*>(static_cast<const void*>(r.data())),
+                                                           r.size(), dtype_of<buffer_element_t<R>>, factor, how);
+                    });
+  }
+
   // ---- reduce (result on root only; recv is ignored elsewhere and may be empty) -------------
   template <buffer S, mutable_buffer R>
   request reduce_async(S&& send, R&& recv, int root, reduce_op op = reduce_op::sum) {

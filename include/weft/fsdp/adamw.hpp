@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include <weft/backend/backend.hpp>
 #include <weft/core/error.hpp>
 #include <weft/fsdp/sharded_model.hpp>
 #include <weft/fsdp/whole_tensor.hpp>
@@ -32,6 +33,9 @@ class shard_adamw {
   /// Moments for every unit of `model` (frozen), zeroed.
   template <class Model>
   shard_adamw(const Model& model, adamw_options options) : options_(options) {
+    static_assert(Model::memory == memory_space::host,
+                  "weft::fsdp::shard_adamw updates host shards; on a GPU backend step the shards with your own "
+                  "kernels (shard_params(u) and shard_grads(u) are device memory)");
     for (std::size_t u = 0; u < model.unit_count(); ++u) {
       exp_avg_.emplace_back(model.shard_params_view(u).size());
       exp_avg_sq_.emplace_back(model.shard_params_view(u).size());

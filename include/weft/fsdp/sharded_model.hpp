@@ -25,7 +25,17 @@
 /// shards the optimizer changed. Every rank issues the same collectives in the same order, since
 /// units run in registration order forward and in reverse backward (anything else is refused).
 ///
-/// Host-memory backends (MPI): the gathered parameters and gradients are host buffers.
+/// Memory: on a host-memory backend (MPI) every buffer is host memory. On a GPU backend (NCCL)
+/// shards, gathered parameters and gradients are device memory (spans of it: pass them to kernels,
+/// never read them on the host); forward, backward and the optimizer run on one compute stream
+/// (`set_compute_stream`, default: the default stream), which waits for a unit's gather without
+/// the host waiting, and every gather and reduction waits for the compute queued before it. On
+/// a GPU, parameters are gathered and gradients reduced in the master type (float or double; a
+/// bfloat16 gather would need a conversion kernel, which weft does not ship), and each reduction
+/// writes the sum straight into the gradient shard: this rank's block of the unit's gradient
+/// buffer starts as the shard accumulated so far, instead of an addition after the reduction.
+/// The mean (or 1/tokens) is folded into the window's last reduction, so with
+/// scaling::token_count call set_token_count() before that micro-step's backward.
 
 #include <algorithm>
 #include <cstddef>
@@ -46,6 +56,7 @@
 #include <weft/core/dtype.hpp>
 #include <weft/core/error.hpp>
 #include <weft/fsdp/detail/accumulate.hpp>
+#include <weft/fsdp/detail/unit_buffer.hpp>
 #include <weft/fsdp/options.hpp>
 #include <weft/fsdp/schedule.hpp>
 #include <weft/fsdp/unit_plan.hpp>
@@ -67,13 +78,17 @@ using master_t = std::conditional_t<std::is_same_v<Param, double>, double, float
 template <backend B, element Param = float>
   requires(is_floating(dtype_of<Param>))
 class sharded_model {
-  static_assert(buffer_memory_v<B> == memory_space::host,
-                "weft::fsdp::sharded_model gathers into host buffers; on a GPU backend (NCCL) use "
-                "weft::grad::synchronizer with shard_optimizer_state (ZeRO-1) for now");
 
  public:
   using request = typename B::request;
   using master_type = master_t<Param>;
+  /// Where shards, gathered parameters and gradients live: the backend's buffer memory.
+  static constexpr memory_space memory = buffer_memory_v<B>;
+  static constexpr bool on_device = memory == memory_space::device;
+  static_assert(!on_device || std::is_same_v<Param, master_type>,
+                "weft::fsdp::sharded_model on a GPU backend gathers parameters in the master type (float or "
+                "double): a bfloat16 gather from fp32 shards needs a conversion kernel, which weft does not ship; "
+                "use sharded_model<B, float> and cast inside your kernels");
 
   class unit_scope;
 
@@ -94,8 +109,38 @@ class sharded_model {
 
   sharded_model(const sharded_model&) = delete;
   sharded_model& operator=(const sharded_model&) = delete;
-  /// Waits for the communication still in flight (its requests do), so no buffer dies under it.
-  ~sharded_model() = default;
+  /// Waits for the communication still in flight (its requests do), so no buffer dies under it;
+  /// device memory is given back after the compute and communication queued so far.
+  ~sharded_model() {
+    if constexpr (on_device) {
+      try {
+        for (unit_state& s : units_) release_buffers(s, true);
+      } catch (...) {  // a destructor cannot throw; the memory goes back when the process ends
+      }
+    }
+  }
+
+#if WEFT_HAS_CUDA
+  /// GPU backends: the stream forward, backward and the optimizer run on. Gathers and reductions
+  /// are ordered after the work queued on it; it waits for a unit's gather when the unit begins.
+  /// Default: the default stream.
+  void set_compute_stream(cudaStream_t stream)
+    requires on_device
+  {
+    if (frozen_ && in_micro_step())
+      fail(where() + ": set_compute_stream() in the middle of a micro-step; set it between micro-steps");
+    if (stream != compute_.stream) {
+      cuda::device_guard on(shard_group().native().device());
+      cuda::wait_for_stream(stream, compute_.stream);  // what follows sees what the old stream did
+    }
+    compute_.stream = stream;
+  }
+  cudaStream_t compute_stream() const noexcept
+    requires on_device
+  {
+    return compute_.stream;
+  }
+#endif
 
   // ---- registration ------------------------------------------------------------------------
 
@@ -129,8 +174,8 @@ class sharded_model {
     }
     units_.resize(plan_.size());
     for (std::size_t u = 0; u < plan_.size(); ++u) {
-      units_[u].master.assign(plan_.unit(u).shard_elements(), master_type{});
-      units_[u].grads.assign(plan_.unit(u).shard_elements(), master_type{});
+      units_[u].master.assign_zeros(plan_.unit(u).shard_elements(), streams());
+      units_[u].grads.assign_zeros(plan_.unit(u).shard_elements(), streams());
     }
     next_backward_ = units_.size() - 1;
     frozen_ = true;
@@ -165,29 +210,29 @@ class sharded_model {
       fail(where() + ": shard_params(" + unit_name(u) + ") writable in the middle of a micro-step; update the shards "
            "after finish() and before the next forward (use shard_params_view() to read)");
     units_[u].stale = true;
-    return units_[u].master;
+    return units_[u].master.span();
   }
   std::span<const master_type> shard_params_view(std::size_t u) const {
     checked("shard_params_view()");
     check_unit(u, "shard_params_view");
-    return units_[u].master;
+    return units_[u].master.span();
   }
   /// This rank's shard of unit `u`'s accumulated gradients (master type; valid after a finish()
   /// that returned true).
   std::span<const master_type> shard_grads(std::size_t u) const {
     checked("shard_grads()");
     check_unit(u, "shard_grads");
-    return units_[u].grads;
+    return units_[u].grads.span();
   }
   /// The runs of parameters in this rank's shard of unit `u` (for optimizers that treat
   /// parameters differently).
   std::vector<shard_run> shard_runs(std::size_t u) const { return plan().unit(u).runs(shard_group().rank()); }
 
-  /// Zeroes the gradient shards (after the optimizer step).
+  /// Zeroes the gradient shards (after the optimizer step; on a GPU, in the compute stream's order).
   void zero_grad() {
     checked("zero_grad()");
     if (in_micro_step()) fail(where() + ": zero_grad() in the middle of a micro-step; call it after finish()");
-    for (unit_state& s : units_) std::fill(s.grads.begin(), s.grads.end(), master_type{});
+    for (unit_state& s : units_) s.grads.zero(streams());
   }
 
   /// Sets parameter `param` of unit `u` from its whole value: this rank keeps its part. Every rank
@@ -205,21 +250,22 @@ class sharded_model {
     std::span<master_type> shard = shard_params(u);
     for (const shard_run& run : layout.runs(shard_group().rank()))
       if (run.param == index)
-        std::copy_n(whole.begin() + static_cast<std::ptrdiff_t>(run.param_offset), run.count,
-                    shard.begin() + static_cast<std::ptrdiff_t>(run.shard_offset));
+        detail::copy_from_host(shard.subspan(run.shard_offset, run.count), whole.subspan(run.param_offset, run.count),
+                               streams());
   }
 
   // ---- whole tensors (checkpoints) -----------------------------------------------------------
 
   /// Gathers a sharded state laid out like the master shards (`shard_of(u)` returns this rank's
-  /// shard of unit u: the master shards, or an optimizer's moments) into whole tensors named
-  /// "<prefix><unit>.<param>", on every rank. Collective over the shard group.
+  /// shard of unit u, in the backend's memory: the master shards, or an optimizer's moments) into
+  /// whole tensors (host memory) named "<prefix><unit>.<param>", on every rank. Collective over
+  /// the shard group; on a GPU, after the compute queued so far.
   template <class ShardOf>
   std::vector<whole_tensor<master_type>> gather_whole(ShardOf&& shard_of, std::string_view prefix = "") {
     checked("gather_whole()");
     if (in_micro_step()) fail(where() + ": gather_whole() in the middle of a micro-step; call it after finish()");
     std::vector<whole_tensor<master_type>> out;
-    std::vector<master_type> gathered;
+    detail::unit_buffer<master_type, memory> gathered;
     for (std::size_t u = 0; u < plan_.size(); ++u) {
       const unit_layout& layout = plan_.unit(u);
       std::span<const master_type> shard = shard_of(u);
@@ -227,12 +273,13 @@ class sharded_model {
         fail(where() + ": gather_whole: the shard given for unit " + unit_name(u) + " has " +
              std::to_string(shard.size()) + " elements; this rank's shard has " +
              std::to_string(layout.shard_elements()));
-      gathered.assign(layout.padded_elements(), master_type{});
-      std::copy(shard.begin(), shard.end(),
-                gathered.begin() + static_cast<std::ptrdiff_t>(layout.shard_offset(shard_group().rank())));
-      shard_group().all_gather_in_place(std::span<master_type>(gathered));
-      append_whole<master_type>(layout, gathered, prefix, out);
+      gathered.allocate(layout.padded_elements(), streams());
+      detail::order_communication_after_compute(streams());
+      shard_group().all_gather(shard, gathered.span());
+      const std::vector<master_type> host = detail::copy_to_host<master_type>(std::as_const(gathered).span(), streams());
+      append_whole<master_type>(layout, host, prefix, out);
     }
+    gathered.release(streams());
     return out;
   }
   /// The master parameters as whole tensors ("<unit>.<param>"), on every rank.
@@ -241,14 +288,22 @@ class sharded_model {
   }
 
   /// Cuts whole tensors (from a checkpoint saved on any number of ranks) into this rank's shards of
-  /// a state laid out like the master shards (`shard_of(u)` returns a writable span). Local: no
-  /// communication; every rank needs the whole tensors.
+  /// a state laid out like the master shards (`shard_of(u)` returns a writable span in the
+  /// backend's memory). Local: no communication; every rank needs the whole tensors.
   template <class ShardOf>
   void reshard_from_whole(std::span<const whole_tensor<master_type>> whole, ShardOf&& shard_of,
                           std::string_view prefix = "") {
     checked("reshard_from_whole()");
-    for (std::size_t u = 0; u < plan_.size(); ++u)
-      cut_shard<master_type>(plan_.unit(u), shard_group().rank(), whole, prefix, shard_of(u));
+    std::vector<master_type> cut;
+    for (std::size_t u = 0; u < plan_.size(); ++u) {
+      cut.assign(plan_.unit(u).shard_elements(), master_type{});
+      cut_shard<master_type>(plan_.unit(u), shard_group().rank(), whole, prefix, std::span<master_type>(cut));
+      std::span<master_type> shard = shard_of(u);
+      if (shard.size() != cut.size())
+        fail(where() + ": reshard_from_whole: the shard given for unit " + unit_name(u) + " has " +
+             std::to_string(shard.size()) + " elements; this rank's shard has " + std::to_string(cut.size()));
+      detail::copy_from_host(shard, std::span<const master_type>(cut), streams());
+    }
   }
   /// Sets the master parameters from whole tensors named "<unit>.<param>".
   void reshard_params_from_whole(std::span<const whole_tensor<master_type>> whole) {
@@ -340,6 +395,10 @@ class sharded_model {
              "; run units backward in reverse registration order, each once per micro-step, then finish()");
       if (u > 0) next = u - 1;
     }
+    if (on_device && options_.scale == grad::scaling::token_count && last_micro_step() && !token_count_)
+      fail(where() + ": scaling::token_count, but set_token_count() was not called before the backward of the "
+           "window's last micro-step; on a GPU backend the division is folded into the reductions, so the count "
+           "must be known when the first one is issued");
     during_ = pass::backward;
     ensure_gathered(u);
     if (options_.prefetch && next) ensure_gathered(*next);
@@ -347,8 +406,7 @@ class sharded_model {
     // Reductions issued before this unit's gather have completed with it (the group runs its
     // operations in issue order): free their buffers before this unit's gradients are allocated.
     poll();
-    units_[u].work.assign(plan_.unit(u).padded_elements(), Param{});
-    account();
+    prepare_gradients(u);
     if (is_root(u)) {
       root_open_ = pass::backward;
     } else {
@@ -379,7 +437,7 @@ class sharded_model {
   std::span<const Param> param(std::size_t u, std::size_t index) const {
     check_access(u, index, "param");
     const unit_layout& layout = plan_.unit(u);
-    return std::span<const Param>(units_[u].gathered).subspan(layout.offset_of(index), layout.params()[index].count);
+    return units_[u].gathered.span().subspan(layout.offset_of(index), layout.params()[index].count);
   }
   /// Unit `u`'s gradient of parameter `param` (zeroed when the backward began; add into it): only
   /// inside that unit's backward scope.
@@ -389,7 +447,7 @@ class sharded_model {
       fail(where() + ": grad(" + unit_name(u) + ", " + std::to_string(index) + ") in the unit's forward; gradients "
            "exist only inside backward(u)");
     const unit_layout& layout = plan_.unit(u);
-    return std::span<Param>(units_[u].work).subspan(layout.offset_of(index), layout.params()[index].count);
+    return units_[u].work.span().subspan(layout.offset_of(index), layout.params()[index].count);
   }
 
   /// With scaling::token_count: the tokens of this optimizer step's global batch (every rank and
@@ -420,7 +478,7 @@ class sharded_model {
     try {
       for (std::size_t u : skipped) {
         wait_gather_quietly(u);
-        units_[u].work.assign(plan_.unit(u).padded_elements(), Param{});
+        prepare_gradients(u);
         issue_reduce(u);
       }
       while (!reducing_.empty()) complete_front(true);
@@ -442,18 +500,20 @@ class sharded_model {
         if (!failure) failure = std::current_exception();
       }
       s.backward_done = false;
-      release(s.work);
-      release(s.wire_f32);
-      release(s.wire_bf16);
-      if (s.params == param_state::gathering) s.params = param_state::gathered;
-      if (full_sharding() && s.params != param_state::freed) free_params(u);
+      try {
+        release_buffers(s, false);
+        if (s.params == param_state::gathering) s.params = param_state::gathered;
+        if (full_sharding() && s.params != param_state::freed) free_params(u);
+      } catch (...) {
+        if (!failure) failure = std::current_exception();
+      }
     }
     reducing_.clear();
     during_ = pass::between;
     next_forward_ = 0;
     next_backward_ = units_.size() - 1;
     account();
-    const bool last = micro_ == options_.accumulation_steps - 1;
+    const bool last = last_micro_step();
     micro_ = last ? 0 : micro_ + 1;
     if (failure) {
       micro_ = 0;
@@ -473,8 +533,8 @@ class sharded_model {
     if (!factor)
       fail(where() + ": scaling::token_count, but set_token_count() was not called before finish() of the window's "
            "last micro-step; the gradient shards are left unscaled (sums)");
-    if (*factor != 1.0)
-      for (unit_state& s : units_) grad::detail::scale_in_place<master_type>(s.grads, *factor);
+    if (!on_device && *factor != 1.0)  // on a GPU, the last reductions applied it
+      for (unit_state& s : units_) grad::detail::scale_in_place<master_type>(s.grads.span(), *factor);
     ++steps_;
     return true;
   }
@@ -542,13 +602,13 @@ class sharded_model {
   enum class param_state { freed, gathering, gathered };
 
   struct unit_state {
-    std::vector<master_type> master;  ///< this rank's master shard (padding included)
-    std::vector<master_type> grads;   ///< this rank's accumulated gradient shard
-    std::vector<Param> gathered;      ///< the whole unit's parameters while gathered
+    detail::unit_buffer<master_type, memory> master;  ///< this rank's master shard (padding included)
+    detail::unit_buffer<master_type, memory> grads;   ///< this rank's accumulated gradient shard
+    detail::unit_buffer<Param, memory> gathered;      ///< the whole unit's parameters while gathered
     param_state params = param_state::freed;
     bool stale = true;                ///< the gathered copy is older than the master shard
-    std::vector<Param> work;          ///< the unit's gradients during its backward and reduction
-    std::vector<float> wire_f32;      ///< the gradients converted for the wire
+    detail::unit_buffer<Param, memory> work;  ///< the unit's gradients during its backward and reduction
+    std::vector<float> wire_f32;      ///< host: the gradients converted for the wire
     std::vector<bfloat16> wire_bf16;
     bool backward_done = false;
     bool replicating = false;         ///< the reduce-scatter is done; the all-reduce across replicas runs
@@ -575,6 +635,10 @@ class sharded_model {
     if (r != dtype_of<Param> && r != dtype::float32 && r != dtype::bfloat16)
       fail("fsdp model: reduce_dtype = " + std::string(to_string(r)) + " is not offered; reduce in the parameters' "
            "type (" + std::string(to_string(dtype_of<Param>)) + "), float32 or bfloat16");
+    if (on_device && r != dtype_of<Param>)
+      fail("fsdp model: reduce_dtype = " + std::string(to_string(r)) + " on a GPU backend, where gradients are "
+           "reduced in the parameters' type (a conversion would need a kernel weft does not ship); set "
+           "reduce_dtype = " + std::string(to_string(dtype_of<Param>)));
   }
 
   std::uint64_t options_fingerprint() const {
@@ -646,17 +710,60 @@ class sharded_model {
     std::vector<T>().swap(v);
   }
 
+  /// How work on the units' memory is ordered: nothing to say on the host; on a GPU, the device,
+  /// the compute stream and the shard group's stream.
+  detail::streams<memory> streams() const {
+    if constexpr (on_device)
+      return {shard_group().native().device(), compute_.stream, shard_group().native().stream()};
+    else
+      return {};
+  }
+
+  bool last_micro_step() const noexcept { return micro_ == options_.accumulation_steps - 1; }
+
+  /// Gives back a unit's gradient buffers (and, with `all`, every buffer it has).
+  void release_buffers(unit_state& s, bool all) {
+    s.work.release(streams());
+    release(s.wire_f32);
+    release(s.wire_bf16);
+    if (!all) return;
+    s.gathered.release(streams());
+    s.master.release(streams());
+    s.grads.release(streams());
+  }
+
+  /// The zeroed gradient buffer of unit u's backward. On a GPU the reduction writes its sum
+  /// straight into the gradient shard, so this rank's block starts as the shard accumulated so far
+  /// (on one replica only: the all-reduce across replicas adds the others').
+  void prepare_gradients(std::size_t u) {
+    unit_state& s = units_[u];
+    const unit_layout& layout = plan_.unit(u);
+    s.work.assign_zeros(layout.padded_elements(), streams());
+    if constexpr (on_device) {
+      if (!replicate_ || replicate_group().rank() == 0)
+        detail::copy_in_compute_order(
+            s.work.span().subspan(layout.shard_offset(shard_group().rank()), layout.shard_elements()),
+            std::as_const(s.grads).span(), streams());
+    }
+    account();
+  }
+
   /// Issues unit u's all-gather unless its gathered copy is current or on its way.
   void ensure_gathered(std::size_t u) {
     unit_state& s = units_[u];
     if (s.params == param_state::gathering) return;
     if (s.params == param_state::gathered && !s.stale) return;
     const unit_layout& layout = plan_.unit(u);
-    if (s.gathered.size() != layout.padded_elements()) s.gathered.assign(layout.padded_elements(), Param{});
-    const std::size_t at = layout.shard_offset(shard_group().rank());
-    grad::detail::convert_scaled<Param, master_type>(s.master, std::span<Param>(s.gathered).subspan(at, s.master.size()),
-                                                      1.0);
-    s.gather = shard_group().all_gather_in_place_async(std::span<Param>(s.gathered));
+    s.gathered.allocate(layout.padded_elements(), streams());
+    if constexpr (on_device) {
+      detail::order_communication_after_compute(streams());  // the optimizer's update of the shard
+      s.gather = shard_group().all_gather_async(std::as_const(s.master).span(), s.gathered.span());
+    } else {
+      const std::size_t at = layout.shard_offset(shard_group().rank());
+      grad::detail::convert_scaled<Param, master_type>(std::as_const(s.master).span(),
+                                                        s.gathered.span().subspan(at, s.master.size()), 1.0);
+      s.gather = shard_group().all_gather_in_place_async(s.gathered.span());
+    }
     s.params = param_state::gathering;
     s.stale = false;
     log(schedule_kind::gather_issued, u);
@@ -666,7 +773,10 @@ class sharded_model {
   void wait_gather(std::size_t u) {
     unit_state& s = units_[u];
     if (s.params != param_state::gathering) return;
-    s.gather.wait();
+    if constexpr (on_device)
+      s.gather.make_stream_wait(compute_.stream);  // the unit's kernels wait; the host goes on
+    else
+      s.gather.wait();
     s.params = param_state::gathered;
     log(schedule_kind::gather_waited, u);
   }
@@ -678,8 +788,10 @@ class sharded_model {
 
   void free_params(std::size_t u) {
     unit_state& s = units_[u];
-    s.gather.wait();  // a prefetched gather still writes into the buffer
-    release(s.gathered);
+    // Host: a prefetched gather may still write into the buffer. Device: the release is ordered
+    // after the gather and the kernels that read the parameters.
+    if constexpr (!on_device) s.gather.wait();
+    s.gathered.release(streams());
     s.params = param_state::freed;
     log(schedule_kind::params_freed, u);
     account();
@@ -692,11 +804,18 @@ class sharded_model {
     if (is_root(u)) root_open_.reset();
   }
 
+  /// Host: the unit's gradients as they go on the wire: the gradient buffer itself, or its copy
+  /// converted to Wire.
   template <class Wire>
-  std::vector<Wire>& wire_of(unit_state& s) {
+  std::span<Wire> wire_of(unit_state& s) {
     if constexpr (std::is_same_v<Wire, Param>)
-      return s.work;
-    else if constexpr (std::is_same_v<Wire, float>)
+      return s.work.span();
+    else
+      return converted_wire<Wire>(s);
+  }
+  template <class Wire>
+  std::vector<Wire>& converted_wire(unit_state& s) {
+    if constexpr (std::is_same_v<Wire, float>)
       return s.wire_f32;
     else
       return s.wire_bf16;
@@ -715,14 +834,32 @@ class sharded_model {
 
   void issue_reduce(std::size_t u) {
     unit_state& s = units_[u];
-    with_wire_type([&]<class Wire>() {
-      std::vector<Wire>& wire = wire_of<Wire>(s);
-      if constexpr (!std::is_same_v<Wire, Param>) {
-        wire.resize(s.work.size());
-        grad::detail::convert_scaled<Wire, Param>(s.work, wire, 1.0);
-        release(s.work);  // only the wire copy is needed from here on
+    if constexpr (on_device) {
+      detail::order_communication_after_compute(streams());  // backward's gradient kernels
+      std::span<const Param> all = std::as_const(s.work).span();
+      std::span<master_type> mine = s.grads.span();
+      const double factor = last_micro_step() ? scale_factor().value_or(1.0) : 1.0;
+      s.reduce = factor == 1.0 ? shard_group().reduce_scatter_async(all, mine)
+                               : shard_group().reduce_scatter_scaled_async(all, mine, factor);
+      if (replicate_) {
+        s.reduce.make_stream_wait(replicate_group().native().stream());
+        s.replicate = replicate_group().all_reduce_async(mine);
+        s.replicating = true;
       }
-      s.reduce = shard_group().reduce_scatter_in_place_async(std::span<Wire>(wire));
+      s.work.release(streams());  // after the reduce-scatter that reads it
+      reducing_.push_back(u);
+      log(schedule_kind::reduce_issued, u);
+      account();
+      return;
+    }
+    with_wire_type([&]<class Wire>() {
+      if constexpr (!std::is_same_v<Wire, Param>) {
+        std::vector<Wire>& converted = converted_wire<Wire>(s);
+        converted.resize(s.work.size());
+        grad::detail::convert_scaled<Wire, Param>(std::as_const(s.work).span(), std::span<Wire>(converted), 1.0);
+        s.work.release(streams());  // only the wire copy is needed from here on
+      }
+      s.reduce = shard_group().reduce_scatter_in_place_async(wire_of<Wire>(s));
     });
     s.replicating = false;
     reducing_.push_back(u);
@@ -737,11 +874,20 @@ class sharded_model {
     const std::size_t u = reducing_.front();
     unit_state& s = units_[u];
     bool done = false;
+    if constexpr (on_device) {
+      // The sum is already in the gradient shard; only the requests are left.
+      if (wait) {
+        s.reduce.wait();
+        s.replicate.wait();
+        done = true;
+      } else {
+        done = s.reduce.test() && s.replicate.test();
+      }
+    } else {
     with_wire_type([&]<class Wire>() {
-      std::vector<Wire>& wire = wire_of<Wire>(s);
       const unit_layout& layout = plan_.unit(u);
-      std::span<Wire> mine = std::span<Wire>(wire).subspan(layout.shard_offset(shard_group().rank()),
-                                                           layout.shard_elements());
+      std::span<Wire> mine = wire_of<Wire>(s).subspan(layout.shard_offset(shard_group().rank()),
+                                                      layout.shard_elements());
       if (!s.replicating) {
         if (wait)
           s.reduce.wait();
@@ -758,11 +904,12 @@ class sharded_model {
         else if (!s.replicate.test())
           return;
       }
-      detail::add_converted<master_type, Wire>(mine, s.grads);
-      release(wire);
-      release(s.work);
+      detail::add_converted<master_type, Wire>(mine, s.grads.span());
+      if constexpr (!std::is_same_v<Wire, Param>) release(converted_wire<Wire>(s));
+      s.work.release(streams());
       done = true;
     });
+    }
     if (!done) return false;
     reducing_.erase(reducing_.begin());
     log(schedule_kind::reduce_done, u);
@@ -799,9 +946,8 @@ class sharded_model {
   void account() noexcept {
     std::size_t n = 0;
     for (const unit_state& s : units_)
-      n += (s.master.capacity() + s.grads.capacity()) * sizeof(master_type) +
-           (s.gathered.capacity() + s.work.capacity()) * sizeof(Param) + s.wire_f32.capacity() * sizeof(float) +
-           s.wire_bf16.capacity() * sizeof(bfloat16);
+      n += s.master.bytes() + s.grads.bytes() + s.gathered.bytes() + s.work.bytes() +
+           s.wire_f32.capacity() * sizeof(float) + s.wire_bf16.capacity() * sizeof(bfloat16);
     held_ = n;
     peak_ = std::max(peak_, n);
   }
@@ -827,6 +973,7 @@ class sharded_model {
   std::size_t held_ = 0;
   std::size_t peak_ = 0;
   std::vector<schedule_event> schedule_;
+  [[no_unique_address]] detail::compute_stream<memory> compute_;  ///< GPU: where forward, backward and the optimizer run
 
   // Last: destroyed first, so their requests finish while the rest still exists.
   std::vector<std::size_t> reducing_;  ///< units whose reduction is in flight, in issue order
