@@ -5,6 +5,7 @@
 #include "probe.hpp"
 
 #include <mpi.h>
+#include <sched.h>
 #include <unistd.h>
 #if WEFT_PLAN_HAS_CBLAS
 #include <cblas.h>
@@ -12,6 +13,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
@@ -41,14 +43,25 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-/// Median over repetitions of the slowest rank's time of `body` (a barrier before each).
+/// Median over repetitions of the time from a barrier until every rank has run `body` `inner`
+/// times (a barrier after it too, and the longest of the ranks' views), per run of `body`. Timing
+/// each rank's own body alone would miss ranks that share a core: a rank scheduled only after
+/// another finished would time its body at full speed, as if every rank had a core. `inner` is
+/// raised (the same on every rank) until a repetition lasts min_sample_seconds, many of the
+/// scheduler's time slices, so that how the ranks happened to be scheduled averages out.
+constexpr double min_sample_seconds = 0.05;
 double timed(mpi_comm& comm, const std::function<void()>& body, int inner = 1) {
-  body();  // warm-up: first-touch pages, connection set-up
+  const auto warm_start = clock_type::now();
+  body();  // warm-up: first-touch pages, connection set-up; and how long one run takes
+  std::vector<double> once{std::chrono::duration<double>(clock_type::now() - warm_start).count()};
+  comm.all_reduce(once, weft::reduce_op::max);
+  inner = std::max(inner, static_cast<int>(std::min(1e5, std::ceil(min_sample_seconds / std::max(once[0], 1e-9)))));
   std::vector<double> times;
   for (int r = 0; r < repetitions; ++r) {
     comm.barrier();
     const auto start = clock_type::now();
     for (int i = 0; i < inner; ++i) body();
+    comm.barrier();
     std::vector<double> t{std::chrono::duration<double>(clock_type::now() - start).count() / inner};
     comm.all_reduce(t, weft::reduce_op::max);
     times.push_back(t[0]);
@@ -112,6 +125,26 @@ std::vector<tune::gemm_sample> measure_gemms(mpi_comm& comm, const tune::model_d
     for (auto [n, k] : layer_gemms(m, 1)) sample(seq / static_cast<std::size_t>(cp), n, k);
   }
   return samples;
+}
+
+/// The processors the ranks of a node may run on together: the union of their affinity masks
+/// (every core of the node unless the launcher binds ranks), which they share.
+int node_processors(mpi_comm& node) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0)
+    return static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
+  std::vector<std::uint8_t> mine(CPU_SETSIZE), all(static_cast<std::size_t>(CPU_SETSIZE * node.size()));
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) mine[static_cast<std::size_t>(cpu)] = CPU_ISSET(cpu, &set) ? 1 : 0;
+  node.all_gather(mine, all);
+  int count = 0;
+  for (std::size_t cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+    for (int r = 0; r < node.size(); ++r)
+      if (all[static_cast<std::size_t>(r) * CPU_SETSIZE + cpu]) {
+        ++count;
+        break;
+      }
+  return count;
 }
 
 /// Bus bandwidths and per-step latency of the collectives over `comm` (nccl-tests convention).
@@ -195,6 +228,7 @@ int run_probe(const std::string& path, const tune::model_desc& model, int& argc,
     std::optional<mpi_comm> leaders = world.split(leader ? 0 : -1, world.rank(), "leaders");
 
     tune::measured_hardware hw;
+    hw.cpus_per_node = node_processors(*local);
     hw.name = std::string(host) + ", " + std::to_string(world.size()) + " ranks, GEMMs timed with " + gemm_kernel;
     hw.ranks_per_node = per_node;
     hw.nodes = nodes;

@@ -78,3 +78,47 @@ TEST_CASE("on measured hardware, compute time is the model's FLOPs at the measur
   CHECK(p.time.dp_comm > 0);
   CHECK_THROWS_AS(predict(m, hw, job, {.parallel = {.dp = 4}}), weft::error);  // 4 ranks, not 8
 }
+
+TEST_CASE("the processors a node's ranks share: read back, and absent or zero means unknown") {
+  measured_hardware hw = sample_hardware();
+  CHECK(parse_hardware(to_json(hw)).cpus_per_node == 0);
+  CHECK(cluster_of(hw).node.ranks_per_core == 1.0);
+  hw.cpus_per_node = 2;  // 4 ranks on 2 cores
+  CHECK(parse_hardware(to_json(hw)).cpus_per_node == 2);
+  CHECK(cluster_of(hw).node.ranks_per_core == 2.0);
+  hw.cpus_per_node = 16;  // more cores than ranks: each rank has its own
+  CHECK(cluster_of(hw).node.ranks_per_core == 1.0);
+  std::string text = to_json(hw);
+  text.erase(text.find(",\n  \"cpus_per_node\""), std::string(",\n  \"cpus_per_node\": 16").size());
+  CHECK(parse_hardware(text).cpus_per_node == 0);  // descriptions written before the field
+  text = to_json(hw);
+  CHECK_THROWS_WITH(parse_hardware(text.replace(text.find("16"), 2, "-1")), Catch::Contains("'cpus_per_node'"));
+}
+
+TEST_CASE("ranks that share cores lend them while idle in the pipeline bubble") {
+  measured_hardware hw = sample_hardware();
+  hw.nodes = 1;
+  const model_desc m{.layers = 4, .hidden = 256, .heads = 8, .vocab = 1024, .seq = 128};
+  const job_desc job{.global_batch = 8};
+  const layout_choice pp4{.parallel = {.pp = 4}, .micro_batch = 1};
+  const plan own_cores = predict(m, hw, job, pp4);  // cpus unknown: every rank a core of its own
+  REQUIRE(own_cores.time.bubble > 0);
+  // Two ranks a core: the step is the longer of the work at the shared speed (the measured one)
+  // and the schedule's critical path (compute + bubble) at a whole core's, twice as fast.
+  hw.cpus_per_node = 2;
+  const plan shared = predict(m, hw, job, pp4);
+  const double compute = own_cores.time.compute;
+  CHECK(shared.time.compute == Approx(compute));
+  CHECK(shared.time.bubble == Approx(std::max(0.0, (compute + own_cores.time.bubble) / 2 - compute)).margin(1e-15));
+  CHECK(shared.time.step == Approx(own_cores.time.step - own_cores.time.bubble + shared.time.bubble));
+  // Four ranks on three cores and as many micro-batches as stages: the critical path at a whole
+  // core's speed outweighs the shared work, so part of the bubble remains.
+  const job_desc four{.global_batch = 4};
+  hw.cpus_per_node = 0;
+  const plan own4 = predict(m, hw, four, pp4);
+  hw.cpus_per_node = 3;
+  const plan shared4 = predict(m, hw, four, pp4);
+  CHECK(shared4.time.bubble == Approx((own4.time.compute + own4.time.bubble) * 3 / 4 - own4.time.compute));
+  CHECK(shared4.time.bubble > 0);
+  CHECK(shared4.time.bubble < own4.time.bubble);
+}

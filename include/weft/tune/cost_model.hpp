@@ -313,6 +313,11 @@ class evaluator {
       const double send = c.p2p_bytes / (crosses ? net_bw_ : intra_bw_) +
                           (crosses ? cluster_.node.network_latency : cluster_.node.intra_latency);
       tb.pp_comm = 2.0 * (static_cast<double>(l.parallel.virtual_stages) * m + l.parallel.pp - 1) * send;
+      // Where ranks share cores (compute measured with every rank busy), a stage idle in the
+      // bubble lends its core to the busy ones: the step is the longer of the ranks' work at the
+      // shared speed and the schedule's critical path at a whole core's speed.
+      const double k = cluster_.node.ranks_per_core;
+      if (k > 1) tb.bubble = std::max(0.0, (tb.compute + tb.bubble) / k - tb.compute);
     }
 
     // Data parallelism: the dp x cp group spans `per_node` GPUs in each of `nodes_spanned` nodes;

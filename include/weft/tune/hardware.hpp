@@ -31,6 +31,9 @@ struct node_desc {
   double intra_latency = 2e-6;    ///< per ring step inside the node (s)
   double network_bandwidth = 0;   ///< inter-node bandwidth per GPU, one direction (bytes/s)
   double network_latency = 5e-6;  ///< per ring step across nodes (s)
+  /// Ranks that share one compute unit: more than 1 on a CPU node running more ranks than cores
+  /// (measured by `weft-plan --probe`), 1 for GPUs. A rank that idles lends its core to the others.
+  double ranks_per_core = 1.0;
 };
 
 /// A cluster of identical nodes.

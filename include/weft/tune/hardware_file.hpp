@@ -10,7 +10,8 @@
 ///   name, ranks_per_node, nodes, memory_bytes (per rank), memory_bandwidth (per rank, all ranks
 ///   streaming at once), gemm_peak_flops and gemm_half_size (the fit of the GEMM samples),
 ///   gemm_samples [[smallest dimension, FLOP/s], ...], intra_node / across_nodes {all_reduce,
-///   all_gather, reduce_scatter: bus bandwidth; latency}, p2p {bandwidth, latency}.
+///   all_gather, reduce_scatter: bus bandwidth; latency}, p2p {bandwidth, latency}, and (optional)
+///   cpus_per_node: the processors the ranks of a node run on (0 or absent: unknown, e.g. GPUs).
 
 #include <algorithm>
 #include <cmath>
@@ -57,6 +58,7 @@ struct measured_hardware {
   link_measurement across_nodes;   ///< among one rank per node (equal to intra_node on one node)
   double p2p_bandwidth = 0;        ///< one direction, large messages
   double p2p_latency = 0;          ///< one way, small messages
+  int cpus_per_node = 0;           ///< processors the ranks of a node share (0: unknown)
 };
 
 /// Fits the cost model's GEMM curve, time = F (d + d_half) / (peak d), to samples by least squares
@@ -93,7 +95,10 @@ inline cluster_desc cluster_of(const measured_hardware& hw) {
            .memory_bytes = hw.memory_bytes, .memory_bandwidth = hw.memory_bandwidth};
   c.node = {.gpus_per_node = hw.ranks_per_node, .intra_bandwidth = 2 * hw.intra_node.all_reduce,
             .intra_latency = hw.intra_node.latency, .network_bandwidth = hw.across_nodes.all_reduce,
-            .network_latency = hw.across_nodes.latency};
+            .network_latency = hw.across_nodes.latency,
+            .ranks_per_core = hw.cpus_per_node > 0
+                                  ? std::max(1.0, static_cast<double>(hw.ranks_per_node) / hw.cpus_per_node)
+                                  : 1.0};
   c.nodes = hw.nodes;
   return c;
 }
@@ -143,7 +148,7 @@ inline std::string to_json(const measured_hardware& hw) {
   o += "],\n  \"intra_node\": " + detail::link_json(hw.intra_node) +
        ",\n  \"across_nodes\": " + detail::link_json(hw.across_nodes) +
        ",\n  \"p2p\": {\"bandwidth\": " + json_number(hw.p2p_bandwidth) + ", \"latency\": " + json_number(hw.p2p_latency) +
-       "}\n}\n";
+       "},\n  \"cpus_per_node\": " + std::to_string(hw.cpus_per_node) + "\n}\n";
   return o;
 }
 
@@ -201,6 +206,11 @@ inline measured_hardware parse_hardware(std::string_view text, const std::string
   if (p2p.type != kind::object) fail("tune: " + origin + ": 'p2p' must be an object");
   hw.p2p_bandwidth = positive(p2p, "bandwidth", "p2p.");
   hw.p2p_latency = positive(p2p, "latency", "p2p.");
+  if (const json_value* cpus = weft::detail::find_member(o, "cpus_per_node")) {
+    if (cpus->type != kind::number || weft::detail::number_value(*cpus) < 0)
+      fail("tune: " + origin + ": 'cpus_per_node' must be a number >= 0 (0: unknown)");
+    hw.cpus_per_node = static_cast<int>(weft::detail::number_value(*cpus));
+  }
   return hw;
 }
 
