@@ -55,8 +55,11 @@ class unit_buffer<T, memory_space::device> {
   std::span<const T> span() const noexcept { return {static_cast<const T*>(memory_.data()), size_}; }
   std::size_t bytes() const noexcept { return memory_.bytes(); }
 
-  /// `n` zeroed elements, complete when it returns (so any stream's later work sees zeros).
+  /// `n` zeroed elements, complete when it returns (so any stream's later work sees zeros). Always
+  /// fresh memory: the old buffer may still be written by kernels queued on the compute stream (a
+  /// backward that threw), which a blocking zeroing on another stream would race.
   void assign_zeros(std::size_t n, const context& c) {
+    release(c);
     allocate(n, c);
     memory_.zero();
   }
