@@ -151,6 +151,7 @@ void register_units(device_model<T>& model) {
 template <class T>
 void train_and_check(const config& c) {
   nccl_comm& dp = world();
+  stream_holder compute;  // first: destroyed after the models, which order their releases on it
   std::optional<weft::fsdp::hybrid_groups<weft::nccl_backend>> groups;
   if (c.hybrid) groups.emplace(weft::fsdp::split_by_node(dp, dp.rank(), std::max(1, dp.size() / 2)));
   auto make = [&] {
@@ -158,7 +159,6 @@ void train_and_check(const config& c) {
                     : std::make_unique<device_model<T>>(dp, c.options);
   };
   std::unique_ptr<device_model<T>> model = make();
-  stream_holder compute;
   model->set_compute_stream(compute.s);
   register_units(*model);
 

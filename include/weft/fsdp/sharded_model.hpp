@@ -123,7 +123,8 @@ class sharded_model {
 #if WEFT_HAS_CUDA
   /// GPU backends: the stream forward, backward and the optimizer run on. Gathers and reductions
   /// are ordered after the work queued on it; it waits for a unit's gather when the unit begins.
-  /// Default: the default stream.
+  /// Default: the default stream. The stream must outlive the model, whose memory is given back
+  /// in its order.
   void set_compute_stream(cudaStream_t stream)
     requires on_device
   {
