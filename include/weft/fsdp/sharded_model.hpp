@@ -612,7 +612,7 @@ class sharded_model {
     std::vector<float> wire_f32;      ///< host: the gradients converted for the wire
     std::vector<bfloat16> wire_bf16;
     bool backward_done = false;
-    bool replicating = false;         ///< the reduce-scatter is done; the all-reduce across replicas runs
+    bool replicating = false;         ///< host: the reduce-scatter is done; the all-reduce across replicas runs
     // Last: destroyed first, so nothing is in flight when the buffers go.
     request gather;
     request reduce;
@@ -845,24 +845,20 @@ class sharded_model {
       if (replicate_) {
         s.reduce.make_stream_wait(replicate_group().native().stream());
         s.replicate = replicate_group().all_reduce_async(mine);
-        s.replicating = true;
       }
       s.work.release(streams());  // after the reduce-scatter that reads it
-      reducing_.push_back(u);
-      log(schedule_kind::reduce_issued, u);
-      account();
-      return;
+    } else {
+      with_wire_type([&]<class Wire>() {
+        if constexpr (!std::is_same_v<Wire, Param>) {
+          std::vector<Wire>& converted = converted_wire<Wire>(s);
+          converted.resize(s.work.size());
+          grad::detail::convert_scaled<Wire, Param>(std::as_const(s.work).span(), std::span<Wire>(converted), 1.0);
+          s.work.release(streams());  // only the wire copy is needed from here on
+        }
+        s.reduce = shard_group().reduce_scatter_in_place_async(wire_of<Wire>(s));
+      });
+      s.replicating = false;
     }
-    with_wire_type([&]<class Wire>() {
-      if constexpr (!std::is_same_v<Wire, Param>) {
-        std::vector<Wire>& converted = converted_wire<Wire>(s);
-        converted.resize(s.work.size());
-        grad::detail::convert_scaled<Wire, Param>(std::as_const(s.work).span(), std::span<Wire>(converted), 1.0);
-        s.work.release(streams());  // only the wire copy is needed from here on
-      }
-      s.reduce = shard_group().reduce_scatter_in_place_async(wire_of<Wire>(s));
-    });
-    s.replicating = false;
     reducing_.push_back(u);
     log(schedule_kind::reduce_issued, u);
     account();
@@ -885,31 +881,31 @@ class sharded_model {
         done = s.reduce.test() && s.replicate.test();
       }
     } else {
-    with_wire_type([&]<class Wire>() {
-      const unit_layout& layout = plan_.unit(u);
-      std::span<Wire> mine = wire_of<Wire>(s).subspan(layout.shard_offset(shard_group().rank()),
-                                                      layout.shard_elements());
-      if (!s.replicating) {
-        if (wait)
-          s.reduce.wait();
-        else if (!s.reduce.test())
-          return;
-        if (replicate_) {
-          s.replicate = replicate_group().all_reduce_async(mine);
-          s.replicating = true;
+      with_wire_type([&]<class Wire>() {
+        const unit_layout& layout = plan_.unit(u);
+        std::span<Wire> mine = wire_of<Wire>(s).subspan(layout.shard_offset(shard_group().rank()),
+                                                        layout.shard_elements());
+        if (!s.replicating) {
+          if (wait)
+            s.reduce.wait();
+          else if (!s.reduce.test())
+            return;
+          if (replicate_) {
+            s.replicate = replicate_group().all_reduce_async(mine);
+            s.replicating = true;
+          }
         }
-      }
-      if (s.replicating) {
-        if (wait)
-          s.replicate.wait();
-        else if (!s.replicate.test())
-          return;
-      }
-      detail::add_converted<master_type, Wire>(mine, s.grads.span());
-      if constexpr (!std::is_same_v<Wire, Param>) release(converted_wire<Wire>(s));
-      s.work.release(streams());
-      done = true;
-    });
+        if (s.replicating) {
+          if (wait)
+            s.replicate.wait();
+          else if (!s.replicate.test())
+            return;
+        }
+        detail::add_converted<master_type, Wire>(mine, s.grads.span());
+        if constexpr (!std::is_same_v<Wire, Param>) release(converted_wire<Wire>(s));
+        s.work.release(streams());
+        done = true;
+      });
     }
     if (!done) return false;
     reducing_.erase(reducing_.begin());
