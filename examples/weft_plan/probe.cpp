@@ -128,23 +128,20 @@ std::vector<tune::gemm_sample> measure_gemms(mpi_comm& comm, const tune::model_d
 }
 
 /// The processors the ranks of a node may run on together: the union of their affinity masks
-/// (every core of the node unless the launcher binds ranks), which they share.
+/// (every core of the node unless the launcher binds ranks), which they share. Collective over
+/// the node's ranks.
 int node_processors(mpi_comm& node) {
+  std::vector<std::uint8_t> usable(CPU_SETSIZE, 0);
   cpu_set_t set;
   CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) != 0)
-    return static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
-  std::vector<std::uint8_t> mine(CPU_SETSIZE), all(static_cast<std::size_t>(CPU_SETSIZE * node.size()));
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) mine[static_cast<std::size_t>(cpu)] = CPU_ISSET(cpu, &set) ? 1 : 0;
-  node.all_gather(mine, all);
-  int count = 0;
-  for (std::size_t cpu = 0; cpu < CPU_SETSIZE; ++cpu)
-    for (int r = 0; r < node.size(); ++r)
-      if (all[static_cast<std::size_t>(r) * CPU_SETSIZE + cpu]) {
-        ++count;
-        break;
-      }
-  return count;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) usable[static_cast<std::size_t>(cpu)] = CPU_ISSET(cpu, &set) ? 1 : 0;
+  } else {  // no mask to read: every online processor
+    const long online = std::clamp(sysconf(_SC_NPROCESSORS_ONLN), 1L, static_cast<long>(CPU_SETSIZE));
+    std::fill_n(usable.begin(), online, std::uint8_t{1});
+  }
+  node.all_reduce(usable, weft::reduce_op::max);  // the union over the node's ranks
+  return static_cast<int>(std::count(usable.begin(), usable.end(), std::uint8_t{1}));
 }
 
 /// Bus bandwidths and per-step latency of the collectives over `comm` (nccl-tests convention).
