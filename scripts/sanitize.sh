@@ -18,11 +18,15 @@ case "$kind" in
     # Which tests: all but GPU, the consumer projects (separate builds), the private Slurm, and
     # those that preload a library (the sanitizer's runtime must come first).
     excluded='gpu|consumer|slurm|preload'
+    asan="detect_leaks=1:abort_on_error=0:exitcode=23:detect_stack_use_after_return=0"
+    lsan="suppressions=$supp/lsan.supp:print_suppressions=0"
     # Leak reports must name the library that allocated, or Open MPI's own cannot be suppressed:
     # its libraries have no frame pointers (the slow unwinder walks them), and Open MPI and PMIx
     # unload their plugins at finalize (keep them loaded so their names stay in the stacks).
-    export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:exitcode=23:detect_stack_use_after_return=0:fast_unwind_on_malloc=0"
-    export LSAN_OPTIONS="suppressions=$supp/lsan.supp:print_suppressions=0:fast_unwind_on_malloc=0"
+    with_open_mpi=(ASAN_OPTIONS="$asan:fast_unwind_on_malloc=0" LSAN_OPTIONS="$lsan:fast_unwind_on_malloc=0")
+    # The unit tests load no Open MPI, so the fast unwinder names every frame of theirs; the slow
+    # one made them up to 15x slower (test_layout 47 s against 3 s; test_tune 69 s against 36 s).
+    without_open_mpi=(ASAN_OPTIONS="$asan:fast_unwind_on_malloc=1" LSAN_OPTIONS="$lsan:fast_unwind_on_malloc=1")
     export OMPI_MCA_mca_base_component_disable_dlclose=1 PMIX_MCA_mca_base_component_disable_dlclose=1
     export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
     ;;
@@ -58,13 +62,9 @@ else
 fi
 run_tests() { ctest --test-dir "$build" --output-on-failure "$@" --parallel 1 --timeout 900; }
 if [ "$kind" = address ]; then
-  # The unit tests load no Open MPI, so the fast unwinder names every frame of theirs; the slow one
-  # made them up to 15x slower (test_layout 47 s against 3 s; test_tune 69 s against 36 s).
   rc=0
-  ASAN_OPTIONS="${ASAN_OPTIONS/fast_unwind_on_malloc=0/fast_unwind_on_malloc=1}" \
-  LSAN_OPTIONS="${LSAN_OPTIONS/fast_unwind_on_malloc=0/fast_unwind_on_malloc=1}" \
-    run_tests --label-regex '^unit$' --label-exclude "$excluded" || rc=$?
-  run_tests --label-exclude "unit|$excluded" || rc=$?
+  (export "${without_open_mpi[@]}"; run_tests --label-regex '^unit$' --label-exclude "$excluded") || rc=$?
+  (export "${with_open_mpi[@]}"; run_tests --label-exclude "unit|$excluded") || rc=$?
   exit "$rc"
 fi
 run_tests "${select[@]}"

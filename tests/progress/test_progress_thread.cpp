@@ -12,6 +12,9 @@
 #include <memory>
 #include <new>
 #include <stdexcept>
+#include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -73,7 +76,48 @@ TEST_CASE("work runs in the order it was submitted, failures reach the waiter", 
   for (int i = 0; i < 100; ++i) REQUIRE(seen[static_cast<std::size_t>(i)] == i);
   REQUIRE(failing->done.load());
   REQUIRE(failing->failure != nullptr);
-  REQUIRE_THROWS_WITH(std::rethrow_exception(failing->failure), "operation 100 failed");
+  REQUIRE_THROWS_WITH(failing->rethrow_failure(), "operation 100 failed");
+  REQUIRE(failing->failure == nullptr);  // the caller now holds the only reference
+  REQUIRE_NOTHROW(failing->rethrow_failure());
+}
+
+namespace {
+
+// A failure that records the thread it was destroyed on.
+std::thread::id failure_destroyed_on;
+struct tracked_failure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+  tracked_failure(const tracked_failure&) = default;
+  ~tracked_failure() override { failure_destroyed_on = std::this_thread::get_id(); }
+};
+
+}  // namespace
+
+TEST_CASE("a failure is destroyed on the waiter's thread, whichever thread drops the task last", "[progress]") {
+  // The progress thread holds its task for a moment after marking it done; a request's wait
+  // rethrows the failure and drops its own reference before the handler reads the exception.
+  // Before the fix the exception stayed shared with the task, so when the progress thread let go
+  // last it destroyed the exception after the handler's read, ordered only by a reference count
+  // inside the C++ runtime that ThreadSanitizer cannot see: it reported a race (test_comm_behaviour
+  // failed that way). Here a second holder stands in for the progress thread, letting go once the
+  // handler is done and signalling through a relaxed flag, which orders nothing, as in the real case.
+  progress_thread thread;
+  auto item = thread.submit([] { throw tracked_failure("operation failed"); });
+  item->done.wait(false, std::memory_order_acquire);
+  std::atomic<bool> handled{false};
+  std::thread late_holder([held = item, &handled]() mutable {
+    while (!handled.load(std::memory_order_relaxed)) std::this_thread::yield();
+    held.reset();
+  });
+  try {
+    std::exchange(item, nullptr)->rethrow_failure();
+    FAIL("the failure was not rethrown");
+  } catch (const std::exception& e) {
+    CHECK(std::string(e.what()) == "operation failed");
+  }
+  handled.store(true, std::memory_order_relaxed);
+  late_holder.join();
+  CHECK(failure_destroyed_on == std::this_thread::get_id());
 }
 
 TEST_CASE("a submit that fails to queue leaves nothing counted as pending", "[progress]") {

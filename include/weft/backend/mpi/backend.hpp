@@ -127,7 +127,7 @@ struct mpi_backend {
     }
     void consume() {
       auto item = std::move(task_);
-      if (item->failure) std::rethrow_exception(item->failure);
+      item->rethrow_failure();
     }
     void record_end(bool ok) noexcept {
       if (recorder_) std::exchange(recorder_, nullptr)->finish(std::exchange(sequence_, 0), ok);

@@ -26,6 +26,14 @@ struct task {
   std::function<void()> work;
   std::atomic<bool> done{false};
   std::exception_ptr failure;
+
+  /// Once done: rethrows the failure, if any, handing the caller the task's reference to it. Left
+  /// shared, the exception's last release could fall to the progress thread dropping its task
+  /// after the caller's handler had read the exception; that order is kept by a reference count
+  /// inside the C++ runtime, which ThreadSanitizer cannot see, so it reported a race.
+  void rethrow_failure() {
+    if (failure) std::rethrow_exception(std::exchange(failure, nullptr));
+  }
 };
 
 class progress_thread {
