@@ -11,6 +11,9 @@
 
 #include "layer_stack.hpp"
 
+#include <catch2/catch.hpp>
+
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <string>
@@ -220,6 +223,24 @@ std::vector<double> train_sharded(model_t<Param>& model, int steps, int k, int r
   weft::fsdp::shard_adamw<master_of<Param>> adam(model, test_adam());
   train_steps(model, adam, 0, steps, k, rank, ranks);
   return whole_params(model);
+}
+
+/// Requires every element of `actual` within `bound` of `reference`, absolutely: the bound the
+/// docs state. (Catch2's Approx(x).margin(m) would also pass anything within its default relative
+/// epsilon, 1.19e-5, whatever m says.)
+inline void require_within(const std::vector<double>& actual, const std::vector<double>& reference, double bound) {
+  REQUIRE(actual.size() == reference.size());
+  std::size_t worst = 0;
+  double largest = 0;
+  for (std::size_t i = 0; i < actual.size(); ++i) {
+    const double d = std::abs(actual[i] - reference[i]);
+    if (!(d <= largest)) {  // also catches NaN
+      largest = d;
+      worst = i;
+    }
+  }
+  INFO("largest difference " << largest << " at element " << worst << " (bound " << bound << ")");
+  REQUIRE(largest <= bound);
 }
 
 }  // namespace fsdp_test
