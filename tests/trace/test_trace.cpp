@@ -2,12 +2,21 @@
 // and read back), the rolling fingerprint, and weft-trace-diff's comparison on hand-made dumps.
 #include <catch2/catch.hpp>
 
+#include <weft/core/detail/json.hpp>
+#include <weft/core/timeout.hpp>
 #include <weft/trace/fingerprint.hpp>
 #include <weft/trace/flight_dump.hpp>
 #include <weft/trace/flight_recorder.hpp>
 #include <weft/trace/trace_diff.hpp>
+#include <weft/trace/watchdog.hpp>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace weft::trace;
@@ -197,4 +206,53 @@ TEST_CASE("trace diff: groups with one name but different members are kept apart
     CHECK_FALSE(g.first_divergent);
     CHECK(g.missing.empty());
   }
+}
+
+
+// ---- the recorder: marking is atomic per slot, the ring is bounded --------------------------
+
+TEST_CASE("a finish racing the reuse of its slot never marks the new operation") {
+  // One slot: every issue reuses it. The marking thread finishes only even sequence numbers,
+  // and only after reading them as the newest; an odd operation is never finished by anyone, so
+  // it must never read as completed. Before marking was a compare-and-swap on the slot's tag, the
+  // check and the store could straddle a reuse and complete the odd operation.
+  flight_recorder recorder("race", 0, 2, 1);
+  std::atomic<bool> stop{false};
+  std::atomic<std::uint64_t> wrongly_completed{0};
+  std::thread marker([&] {
+    while (!stop.load(std::memory_order_relaxed)) {
+      const std::uint64_t newest = recorder.issued();
+      if (newest != 0 && newest % 2 == 0) recorder.finish(newest);
+    }
+  });
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
+  std::uint64_t odd_checked = 0;
+  while (std::chrono::steady_clock::now() < end) {
+    for (int i = 0; i < 1000; ++i) {
+      const std::uint64_t seq = recorder.issue(operation::all_reduce, weft::dtype::float32, 1, -1, 0);
+      if (seq % 2 == 1) {
+        ++odd_checked;
+        for (int look = 0; look < 4; ++look)
+          if (auto r = recorder.read(seq); r && r->state == op_state::completed) wrongly_completed.fetch_add(1);
+      }
+    }
+  }
+  stop = true;
+  marker.join();
+  INFO(odd_checked << " odd operations checked");
+  CHECK(wrongly_completed.load() == 0);
+}
+
+TEST_CASE("the recorder's capacity is bounded, with a message naming the limit") {
+  CHECK(max_flight_recorder_entries == 65536);
+  CHECK_NOTHROW(flight_recorder("g", 0, 1, max_flight_recorder_entries));
+  CHECK_THROWS_WITH(flight_recorder("g", 0, 1, max_flight_recorder_entries + 1),
+                    Contains("65537 entries") && Contains("limit of 65536") && Contains("WEFT_FLIGHT_RECORDER_ENTRIES"));
+  setenv("WEFT_FLIGHT_RECORDER_ENTRIES", "16777216", 1);
+  CHECK_THROWS_WITH(flight_recorder_capacity_from_environment(), Contains("from 1 to 65536"));
+  setenv("WEFT_FLIGHT_RECORDER_ENTRIES", "-1", 1);
+  CHECK_THROWS_WITH(flight_recorder_capacity_from_environment(), Contains("from 1 to 65536"));
+  setenv("WEFT_FLIGHT_RECORDER_ENTRIES", "65536", 1);
+  CHECK(flight_recorder_capacity_from_environment() == 65536);
+  unsetenv("WEFT_FLIGHT_RECORDER_ENTRIES");
 }
