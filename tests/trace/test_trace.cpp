@@ -256,3 +256,129 @@ TEST_CASE("the recorder's capacity is bounded, with a message naming the limit")
   CHECK(flight_recorder_capacity_from_environment() == 65536);
   unsetenv("WEFT_FLIGHT_RECORDER_ENTRIES");
 }
+
+// ---- the dump's bounds and weft-trace-diff -------------------------------------------------
+
+TEST_CASE("a dump's sizes are bounded by the file, and out-of-range numbers are named") {
+  const std::string head = "{\"format\": \"weft-flight-recorder\", \"version\": 1, \"rank\": 0, \"host\": \"h\", \"pid\": 1, "
+                           "\"reason\": \"timeout\", \"dumped_at_ns\": 5, \"unix_time_ns\": 5, \"groups\": [";
+  auto group = [](const std::string& size, const std::string& members, const std::string& issued = "0") {
+    return "{\"name\": \"g\", \"rank\": 0, \"size\": " + size + ", \"members\": " + members +
+           ", \"timeout_ms\": 0, \"issued\": " + issued + ", \"collectives\": 0, \"fingerprint\": \"0x1\", \"entries\": []}";
+  };
+  CHECK_THROWS_WITH(parse_flight_dump(head + group("2147483647", "[]") + "]}"),
+                    Contains("size 2147483647") && Contains("at most 1048576"));
+  CHECK_THROWS_WITH(parse_flight_dump(head + group("3", "[0, 1]") + "]}"), Contains("size 3 but lists 2 members"));
+  CHECK_THROWS_WITH(parse_flight_dump(head + group("0", "[]") + "]}"), Contains("\"size\"") && Contains("not within 1.."));
+  CHECK_THROWS_WITH(parse_flight_dump(head + group("2", "[0, 1]", "99999999999999999999999") + "]}"),
+                    Contains("\"issued\"") && Contains("not a count"));
+  CHECK_NOTHROW(parse_flight_dump(head + group("1048576", "[]") + "]}"));
+}
+
+TEST_CASE("trace diff: a dump of another run is named and left out, so the missing rank shows") {
+  // Ranks 0, 1 and 3 of job "new" are stuck; weft-flight-2.json is left from job "old".
+  std::vector<flight_dump> dumps;
+  for (int rank : {0, 1, 2, 3}) {
+    dumps.push_back(dump_of(rank, {call(1, operation::all_reduce, 8, op_state::started)}, 1));
+    dumps.back().job = rank == 2 ? "old" : "new";
+    dumps.back().unix_time_ns = rank == 2 ? 1'600'000'000'000'000'000 : 1'700'000'000'000'000'000;
+  }
+  const auto diff = diff_flight_dumps(dumps);
+  CHECK(diff.job == "new");
+  CHECK(diff.compared == 3);
+  REQUIRE(diff.other_runs.size() == 1);
+  CHECK(diff.other_runs[0].index == 2);
+  REQUIRE(diff.groups.size() == 1);
+  CHECK(diff.groups[0].missing == std::vector<int>{2});
+  CHECK(diff.diverged());
+  const std::string text = format_trace_diff(diff, {"d/weft-flight-0.json", "d/weft-flight-1.json", "d/weft-flight-2.json",
+                                                    "d/weft-flight-3.json"});
+  CHECK_THAT(text, Contains("job new: 3 dumps compared"));
+  CHECK_THAT(text, Contains("left out: d/weft-flight-2.json belongs to another run (job old, written 2020-09-13 12:26:40 UTC)"));
+  CHECK_THAT(text, Contains("): 2\n"));
+}
+
+TEST_CASE("trace diff: without job ids the report says runs cannot be told apart") {
+  const auto diff = diff_flight_dumps({dump_of(0, {}, 0)});
+  CHECK_FALSE(diff.job_known);
+  CHECK_THAT(format_trace_diff(diff), Contains("carry no job id"));
+}
+
+TEST_CASE("trace diff: untracked operations are reported as unknown, not as finished") {
+  // NCCL's async operations are untracked: rank 1's last one may still run.
+  std::vector<flight_dump> dumps = {
+      dump_of(0, {call(1, operation::all_reduce, 8, op_state::completed), call(2, operation::all_reduce, 8, op_state::untracked)}, 2),
+      dump_of(1, {call(1, operation::all_reduce, 8, op_state::untracked), call(2, operation::all_reduce, 8, op_state::started)}, 2)};
+  for (auto& d : dumps) d.groups[0].size = 2, d.groups[0].members = {0, 1};
+  const auto diff = diff_flight_dumps(dumps);
+  REQUIRE(diff.groups.size() == 1);
+  const auto& g = diff.groups[0];
+  CHECK(g.busy());
+  CHECK(g.ranks[0].untracked == 1);
+  CHECK_FALSE(g.ranks[0].in_flight);
+  REQUIRE(g.ranks[1].in_flight);
+  CHECK(g.ranks[1].in_flight->sequence == 2);  // not the untracked #1
+  const std::string text = format_trace_diff(diff);
+  CHECK_THAT(text, Contains("rank 0 (world rank 0): unknown: its last operation, all_reduce #2 (8 x float, sum), is untracked"));
+  CHECK_THAT(text, Contains("1 untracked operation of unknown state, the newest all_reduce #1"));
+}
+
+TEST_CASE("trace diff: times that would overflow are reported as unknown") {
+  flight_dump d = dump_of(0, {call(1, operation::all_reduce, 8, op_state::started)}, 1);
+  d.groups[0].size = 1;
+  d.groups[0].members = {0};
+  d.groups[0].entries[0].issued_ns = std::numeric_limits<std::int64_t>::min() + 1;
+  d.dumped_at_ns = std::numeric_limits<std::int64_t>::max();
+  const std::string text = format_trace_diff(diff_flight_dumps({d}));
+  CHECK_THAT(text, Contains("for an unknown time (the dump's times are out of order)"));
+  d.groups[0].entries[0].issued_ns = 1'000'000'000;
+  d.dumped_at_ns = 3'500'000'000;
+  CHECK_THAT(format_trace_diff(diff_flight_dumps({d})), Contains("for 2.50 s when it dumped"));
+}
+
+TEST_CASE("trace diff: diverged groups come first, idle consistent ones fold into one line; JSON says the same") {
+  // 30 one-rank groups that never ran anything (as train_gpt's per-rank groups) and one group of
+  // 2 where rank 1 is behind.
+  std::vector<flight_dump> dumps;
+  for (int rank = 0; rank < 2; ++rank) {
+    flight_dump d = dump_of(rank, {call(1, operation::all_reduce, 8, op_state::completed)}, rank == 0 ? 2 : 1);
+    if (rank == 0) d.groups[0].entries.push_back(call(2, operation::all_reduce, 8, op_state::started));
+    d.groups[0].size = 2;
+    d.groups[0].members = {0, 1};
+    for (int k = 0; k < 15; ++k) {
+      group_dump single;
+      single.name = std::string(k % 2 == 0 ? "tp" : "cp") + std::to_string(k / 2);
+      single.rank = 0;
+      single.size = 1;
+      single.members = {rank};
+      d.groups.insert(d.groups.begin(), std::move(single));
+    }
+    dumps.push_back(d);
+  }
+  const auto diff = diff_flight_dumps(dumps);
+  REQUIRE(diff.groups.size() == 31);
+  CHECK(diff.groups.front().name == "world");
+  const std::string text = format_trace_diff(diff);
+  CHECK(text.find("group 'world'") < text.find("idle and consistent"));
+  CHECK(std::count(text.begin(), text.end(), '\n') < 15);
+  CHECK_THAT(text, Contains("30 groups idle and consistent") && Contains("'tp0' x2"));
+  CHECK_THAT(text, Contains("group 'world' (2 ranks; world ranks 0, 1): DIVERGED") && Contains("never arrived: ranks 1"));
+
+  const auto json = weft::detail::json_parser::parse(trace_diff_json(diff, {"a.json", "b.json"}));
+  CHECK(weft::detail::find_member(json, "format")->text == "weft-trace-diff");
+  CHECK(weft::detail::find_member(json, "diverged")->boolean);
+  const auto& groups = weft::detail::find_member(json, "groups")->items;
+  REQUIRE(groups.size() == 31);
+  CHECK(weft::detail::find_member(groups[0], "status")->text == "diverged");
+  CHECK(*weft::detail::find_member(groups[0], "never_arrived")->items.at(0).integer == 1);
+  CHECK(weft::detail::find_member(groups[1], "status")->text == "idle");
+  const auto& ranks = weft::detail::find_member(groups[0], "ranks")->items;
+  REQUIRE(ranks.size() == 2);
+  CHECK(weft::detail::find_member(ranks[0], "state")->text == "in_flight");
+  CHECK(*weft::detail::find_member(*weft::detail::find_member(ranks[0], "operation"), "seq")->integer == 2);
+}
+
+TEST_CASE("trace diff: rank lists fold runs into ranges") {
+  CHECK(weft::trace::detail::rank_list({0, 1, 2, 3, 5, 7, 8}) == "0-3, 5, 7, 8");
+  CHECK(weft::trace::detail::rank_list({}) == "");
+}
