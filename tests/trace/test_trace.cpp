@@ -382,3 +382,29 @@ TEST_CASE("trace diff: rank lists fold runs into ranges") {
   CHECK(weft::trace::detail::rank_list({0, 1, 2, 3, 5, 7, 8}) == "0-3, 5, 7, 8");
   CHECK(weft::trace::detail::rank_list({}) == "");
 }
+
+// ---- what the watchdog reads: the deadline, the job id -----------------------------------------
+
+TEST_CASE("a deadline below 1 ms is refused, not turned into no deadline") {
+  CHECK_THROWS_WITH(weft::parse_comm_timeout("0.0005", "WEFT_COMM_TIMEOUT"),
+                    Contains("below 1 ms") && Contains("at least 0.001") && Contains("0 to wait without a deadline"));
+  CHECK_THROWS_WITH(weft::parse_comm_timeout("1e-9", "--comm-timeout"), Contains("--comm-timeout='1e-9'"));
+  CHECK(weft::parse_comm_timeout("0.001", "x") == std::chrono::milliseconds(1));
+  CHECK(weft::parse_comm_timeout("0", "x") == std::chrono::milliseconds(0));
+}
+
+TEST_CASE("a dump carries its job id, and the job id comes from the launcher") {
+  flight_dump d = dump_of(1, {call(1, operation::barrier, 0, op_state::completed)}, 1);
+  d.job = "slurm-77.0";
+  CHECK(parse_flight_dump(to_json(d)).job == "slurm-77.0");
+  setenv("SLURM_JOB_ID", "77", 1);
+  setenv("SLURM_STEP_ID", "3", 1);
+  CHECK(job_id() == "slurm-77.3");  // two sruns of one allocation are two runs
+  unsetenv("SLURM_STEP_ID");
+  CHECK(job_id() == "slurm-77");
+  unsetenv("SLURM_JOB_ID");
+  set_job_id("agreed-at-start");
+  CHECK(job_id() == "agreed-at-start");
+  set_job_id("");
+  CHECK_THAT(dump_request_path("a/b c"), Contains("weft-dump-request-a_b_c"));
+}
