@@ -362,7 +362,8 @@ TEST_CASE("trace diff: diverged groups come first, idle consistent ones fold int
   CHECK(text.find("group 'world'") < text.find("idle and consistent"));
   CHECK(std::count(text.begin(), text.end(), '\n') < 15);
   CHECK_THAT(text, Contains("30 groups idle and consistent") && Contains("'tp0' x2"));
-  CHECK_THAT(text, Contains("group 'world' (2 ranks; world ranks 0, 1): DIVERGED") && Contains("never arrived: ranks 1"));
+  CHECK_THAT(text, Contains("group 'world' (2 ranks; world ranks 0, 1): ranks behind, a rank inside an operation") &&
+                       Contains("never arrived: ranks 1"));
 
   const auto json = weft::detail::json_parser::parse(trace_diff_json(diff, {"a.json", "b.json"}));
   CHECK(weft::detail::find_member(json, "format")->text == "weft-trace-diff");
@@ -407,4 +408,35 @@ TEST_CASE("a dump carries its job id, and the job id comes from the launcher") {
   CHECK(job_id() == "agreed-at-start");
   set_job_id("");
   CHECK_THAT(dump_request_path("a/b c"), Contains("weft-dump-request-a_b_c"));
+}
+
+TEST_CASE("trace diff: a stopped rank's groups where nothing else happened fold into one line") {
+  // World rank 1 left no dump; group 'a' (0, 1) has rank 0 inside an operation, groups 'b' and
+  // 'c' (0, 1) are idle apart from the missing dump, 'solo' (0) is idle and complete.
+  flight_dump d = dump_of(0, {call(1, operation::all_reduce, 8, op_state::started)}, 1);
+  d.groups[0].name = "a";
+  d.groups[0].size = 2;
+  d.groups[0].members = {0, 1};
+  for (const char* name : {"b", "c"}) {
+    group_dump g;
+    g.name = name;
+    g.size = 2;
+    g.members = {0, 1};
+    d.groups.push_back(g);
+  }
+  group_dump solo;
+  solo.name = "solo";
+  solo.size = 1;
+  solo.members = {0};
+  d.groups.push_back(solo);
+  const auto diff = diff_flight_dumps({d});
+  CHECK(diff.missing_world_ranks == std::vector<int>{1});
+  REQUIRE(diff.groups.size() == 4);
+  CHECK(diff.groups[0].name == "a");
+  const std::string text = format_trace_diff(diff);
+  CHECK_THAT(text, Contains("no dump from world ranks 1 (stopped, killed"));
+  CHECK_THAT(text, Contains("group 'a' (2 ranks; world ranks 0, 1): ranks without a dump, a rank inside an operation"));
+  CHECK_THAT(text, Contains("2 groups idle and consistent but for ranks without a dump: 'b', 'c'\n"));
+  CHECK_THAT(text, Contains("1 group idle and consistent (every rank dumped, none inside an operation, calls agree): 'solo'"));
+  CHECK(text.find("group 'b'") == std::string::npos);
 }

@@ -59,6 +59,8 @@ struct group_diff {
 
   /// A rank left no dump, the calls differ, or a rank is behind: what weft-trace-diff exits 1 for.
   bool diverged() const noexcept { return !missing.empty() || first_divergent.has_value() || !never_arrived.empty(); }
+  /// The calls differ or a rank is behind (more than a missing dump).
+  bool calls_diverged() const noexcept { return first_divergent.has_value() || !never_arrived.empty(); }
   /// Some rank was inside an operation, or its last one is of unknown state, when it dumped.
   bool busy() const noexcept {
     return std::any_of(ranks.begin(), ranks.end(), [](const rank_in_group& r) {
@@ -80,7 +82,8 @@ struct trace_diff {
   bool job_known = true;                   ///< false when the compared dumps carry no job id
   std::size_t compared = 0;                ///< dumps of that run
   std::vector<other_run_dump> other_runs;  ///< dumps left out
-  std::vector<group_diff> groups;          ///< groups that diverged first, then busy ones, then idle ones
+  std::vector<group_diff> groups;          ///< in report order: calls diverged, busy, ranks missing only, idle
+  std::vector<int> missing_world_ranks;    ///< world ranks missing from some group (of groups that list members)
 
   bool diverged() const noexcept {
     return std::any_of(groups.begin(), groups.end(), [](const group_diff& g) { return g.diverged(); });
@@ -110,7 +113,12 @@ inline std::optional<double> seconds_between(std::int64_t earlier, std::int64_t 
   return static_cast<double>(difference) / 1e9;
 }
 
-inline int group_order(const group_diff& g) noexcept { return g.diverged() ? 0 : g.busy() ? 1 : 2; }
+/// Report order: calls that differ or ranks behind, then a rank inside an operation, then groups
+/// whose only finding is a missing dump (a stopped rank shows in every group it belongs to), then
+/// the idle, consistent ones.
+inline int group_order(const group_diff& g) noexcept {
+  return g.calls_diverged() ? 0 : g.busy() ? 1 : !g.missing.empty() ? 2 : 3;
+}
 
 }  // namespace detail
 
@@ -190,8 +198,15 @@ inline trace_diff diff_flight_dumps(const std::vector<flight_dump>& dumps) {
         if (found != placed[r.rank].end()) diff.newest_call = found->second;
       }
     }
+    if (!diff.members.empty())
+      for (int r : diff.missing)
+        if (static_cast<std::size_t>(r) < diff.members.size())
+          result.missing_world_ranks.push_back(diff.members[static_cast<std::size_t>(r)]);
     result.groups.push_back(std::move(diff));
   }
+  std::sort(result.missing_world_ranks.begin(), result.missing_world_ranks.end());
+  result.missing_world_ranks.erase(std::unique(result.missing_world_ranks.begin(), result.missing_world_ranks.end()),
+                                   result.missing_world_ranks.end());
   std::stable_sort(result.groups.begin(), result.groups.end(), [](const group_diff& a, const group_diff& b) {
     return detail::group_order(a) < detail::group_order(b);
   });
@@ -264,14 +279,32 @@ inline std::string rank_line(const rank_in_group& r) {
 inline std::string group_title(const group_diff& g) {
   std::string out = "group '" + g.name + "' (" + std::to_string(g.size) + (g.size == 1 ? " rank" : " ranks");
   if (!g.members.empty()) out += "; world ranks " + rank_list(g.members);
-  return out + ")";
+  std::vector<std::string> facts;
+  if (g.first_divergent) facts.push_back("CALLS DIFFER");
+  if (!g.never_arrived.empty()) facts.push_back("ranks behind");
+  if (!g.missing.empty()) facts.push_back("ranks without a dump");
+  if (g.busy()) facts.push_back("a rank inside an operation");
+  std::string joined;
+  for (const std::string& f : facts) joined += (joined.empty() ? "" : ", ") + f;
+  return out + "): " + joined;
+}
+
+/// "'tp' x3, 'dp'": names with their counts.
+inline std::string names_counted(const std::vector<const group_diff*>& groups) {
+  std::map<std::string, int> by_name;
+  for (const group_diff* g : groups) ++by_name[g->name];
+  std::string text;
+  for (const auto& [name, count] : by_name)
+    text += (text.empty() ? "'" : ", '") + name + "'" + (count > 1 ? " x" + std::to_string(count) : "");
+  return text;
 }
 
 }  // namespace detail
 
-/// The report weft-trace-diff prints: the run, the dumps left out, then the groups that diverged
-/// (a rank missing, calls that differ, ranks behind) in full, then those where a rank was inside
-/// an operation, then one line for the idle, consistent ones. `names`: the dumps' file names, in
+/// The report weft-trace-diff prints: the run, the dumps left out, the world ranks without a dump,
+/// then in full the groups whose calls differ or where ranks are behind, then those where a rank
+/// was inside an operation; then one line for the groups whose only finding is a missing dump,
+/// and one for the idle, consistent ones. `names`: the dumps' file names, in
 /// the order given to diff_flight_dumps (optional, for naming left-out dumps).
 inline std::string format_trace_diff(const trace_diff& diff, const std::vector<std::string>& names = {}) {
   using detail::call_text;
@@ -286,13 +319,16 @@ inline std::string format_trace_diff(const trace_diff& diff, const std::vector<s
     out += "left out: " + what + " belongs to another run (job " + (o.job.empty() ? std::string("unknown") : o.job) +
            ", written " + detail::time_text(o.unix_time_ns) + ")\n";
   }
-  std::vector<const group_diff*> idle;
+  if (!diff.missing_world_ranks.empty())
+    out += "no dump from world ranks " + rank_list(diff.missing_world_ranks) +
+           " (stopped, killed, or ended before they could write one)\n";
+  std::vector<const group_diff*> idle, missing_only;
   for (const group_diff& g : diff.groups) {
-    if (!g.diverged() && !g.busy()) {
-      idle.push_back(&g);
-      continue;
-    }
-    out += detail::group_title(g) + (g.diverged() ? ": DIVERGED" : ": consistent, a rank inside an operation") + "\n";
+    const int order = detail::group_order(g);
+    if (order == 2) missing_only.push_back(&g);
+    if (order == 3) idle.push_back(&g);
+    if (order >= 2) continue;
+    out += detail::group_title(g) + "\n";
     std::vector<int> present;
     for (const rank_in_group& r : g.ranks) present.push_back(r.rank);
     out += "  dumps from ranks: " + rank_list(present) + "\n";
@@ -314,16 +350,13 @@ inline std::string format_trace_diff(const trace_diff& diff, const std::vector<s
     }
     for (const rank_in_group& r : g.ranks) out += detail::rank_line(r);
   }
-  if (!idle.empty()) {
-    // One line: how many groups of each name, all idle and consistent.
-    std::map<std::string, int> by_name;
-    for (const group_diff* g : idle) ++by_name[g->name];
-    std::string names_text;
-    for (const auto& [name, count] : by_name)
-      names_text += (names_text.empty() ? "'" : ", '") + name + "'" + (count > 1 ? " x" + std::to_string(count) : "");
+  if (!missing_only.empty())
+    out += std::to_string(missing_only.size()) + (missing_only.size() == 1 ? " group" : " groups") +
+           " idle and consistent but for ranks without a dump: " + detail::names_counted(missing_only) + "\n";
+  if (!idle.empty())
     out += std::to_string(idle.size()) + (idle.size() == 1 ? " group" : " groups") +
-           " idle and consistent (every rank dumped, none inside an operation, calls agree): " + names_text + "\n";
-  }
+           " idle and consistent (every rank dumped, none inside an operation, calls agree): " +
+           detail::names_counted(idle) + "\n";
   return out;
 }
 
@@ -345,9 +378,9 @@ inline std::string json_call(const flight_record& r) {
 }  // namespace detail
 
 /// The same report as JSON (weft-trace-diff --json): {"format": "weft-trace-diff", "version": 1,
-/// "job", "job_known", "compared", "diverged", "left_out": [{"file", "rank", "job",
-/// "unix_time_ns"}], "groups": [{"name", "size", "members", "status" ("diverged", "busy" or
-/// "idle"), "dumps_from", "missing", "first_divergent": null or {"collective", "calls": [{"rank",
+/// "job", "job_known", "compared", "diverged", "missing_world_ranks", "left_out": [{"file",
+/// "rank", "job", "unix_time_ns"}], "groups": [{"name", "size", "members", "status" ("diverged":
+/// calls differ or ranks behind, "busy", "missing": only dumps missing, or "idle"), "dumps_from", "missing", "first_divergent": null or {"collective", "calls": [{"rank",
 /// "call"}]}, "newest_collective", "never_arrived", "ranks": [{"rank", "world_rank", "state"
 /// ("in_flight", "unknown", "idle" or "none"), "operation": null or a call, "waited_s": null or
 /// seconds, "untracked"}]}]}; a call is {"seq", "op", "dtype", "count", "peer", "reduction",
@@ -358,7 +391,8 @@ inline std::string trace_diff_json(const trace_diff& diff, const std::vector<std
   std::string out = "{\"format\": \"weft-trace-diff\", \"version\": 1, \"job\": " + json_string(diff.job) +
                     ", \"job_known\": " + (diff.job_known ? "true" : "false") +
                     ", \"compared\": " + std::to_string(diff.compared) +
-                    ", \"diverged\": " + (diff.diverged() ? "true" : "false") + ",\n \"left_out\": [";
+                    ", \"diverged\": " + (diff.diverged() ? "true" : "false") +
+                    ", \"missing_world_ranks\": " + json_ranks(diff.missing_world_ranks) + ",\n \"left_out\": [";
   for (std::size_t i = 0; i < diff.other_runs.size(); ++i) {
     const other_run_dump& o = diff.other_runs[i];
     out += std::string(i == 0 ? "" : ", ") + "{\"file\": " + json_string(o.index < names.size() ? names[o.index] : "") +
@@ -372,7 +406,8 @@ inline std::string trace_diff_json(const trace_diff& diff, const std::vector<std
     for (const rank_in_group& r : g.ranks) present.push_back(r.rank);
     out += std::string(gi == 0 ? "\n  {" : ",\n  {") + "\"name\": " + json_string(g.name) +
            ", \"size\": " + std::to_string(g.size) + ", \"members\": " + json_ranks(g.members) + ", \"status\": \"" +
-           (g.diverged() ? "diverged" : g.busy() ? "busy" : "idle") + "\", \"dumps_from\": " + json_ranks(present) +
+           (g.calls_diverged() ? "diverged" : g.busy() ? "busy" : !g.missing.empty() ? "missing" : "idle") +
+           "\", \"dumps_from\": " + json_ranks(present) +
            ", \"missing\": " + json_ranks(g.missing) + ", \"first_divergent\": ";
     if (g.first_divergent) {
       out += "{\"collective\": " + std::to_string(*g.first_divergent) + ", \"calls\": [";
