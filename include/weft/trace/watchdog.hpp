@@ -17,7 +17,7 @@
 /// Dumps from every rank: a rank that times out first leaves a marker,
 /// `weft-dump-request-<job id>`, in $WEFT_TRACE_DIR; every other watchdog of the job looks for it
 /// on each poll and writes its own dump, without the stuck communicator. The rank that timed out
-/// waits for them (four polls at most, and at most half the grace below) before it aborts.
+/// waits for them (three polls at most, and at most half the grace below) before it aborts.
 ///
 /// A second thread, the monitor, watches the watchdog: once the process has started to fail, it
 /// ends it with _exit(status) after WEFT_ABORT_GRACE seconds (default 10) if the dump or an abort
@@ -509,7 +509,8 @@ class watchdog {
       if (ready > 0) {
         char codes[64];
         const ssize_t n = read(pipe_[0], codes, sizeof(codes));
-        for (ssize_t i = 0; i < n; ++i) {
+        // While fail_process runs on another thread, it alone dumps and ends the process.
+        for (ssize_t i = 0; i < n && !failing_.load(std::memory_order_acquire); ++i) {
           if (codes[i] == 'U') dump_on_request();
           if (codes[i] == 'T') end_on_sigterm();
         }
@@ -551,9 +552,9 @@ class watchdog {
   }
 
   /// Waits until every member of a watched group has dumped since `requested_at` (a stopped rank
-  /// never does), then removes the marker. The others look once a poll, so the wait is four
-  /// polls (at most 0.4 of the shortest deadline: the job still ends within twice it), and at
-  /// most half the grace.
+  /// never does), then removes the marker. The others look once a poll, so the wait is three
+  /// polls (0.3 of the shortest deadline: the job still ends well within twice it), and at most
+  /// half the grace.
   void wait_for_other_dumps(std::int64_t requested_at) const noexcept {
     try {
       const std::vector<int> ranks = expected_ranks();
@@ -561,7 +562,7 @@ class watchdog {
         unlink(dump_request_path(job_).c_str());
         return;
       }
-      const auto end = std::chrono::steady_clock::now() + std::min<std::chrono::milliseconds>(grace_ / 2, 4 * poll_interval());
+      const auto end = std::chrono::steady_clock::now() + std::min<std::chrono::milliseconds>(grace_ / 2, 3 * poll_interval());
       const std::string dir = trace_directory();
       while (std::chrono::steady_clock::now() < end) {
         bool all = true;
