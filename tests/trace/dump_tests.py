@@ -7,7 +7,7 @@
                                missing
     dump_tests.py stale        dumps of an earlier run in the same WEFT_TRACE_DIR: weft-trace-diff
                                names the stale one as another run's and leaves it out, so the
-                               stopped (then killed) rank of the new run shows as missing
+                               stopped rank of the new run shows as missing
     dump_tests.py fifo         FIFOs where the ranks' dumps are written: the job still ends, with
                                status 124, within the deadline + WEFT_ABORT_GRACE
     dump_tests.py funneled     MPI initialised with MPI_THREAD_FUNNELED: the watchdog does not call
@@ -43,7 +43,7 @@ def fail(message, output=""):
 class job:
     """mpiexec -n 4 dump_program DIR MODE SECONDS, with the rank pids it wrote."""
 
-    def __init__(self, args, mode, deadline, directory=None, extra_env=None):
+    def __init__(self, args, mode, deadline, directory=None, extra_env=None, rank_env=None):
         self.dir = directory or tempfile.mkdtemp(prefix="weft-dump-")
         for stale_pid in glob.glob(os.path.join(self.dir, "pid-*")):
             os.remove(stale_pid)
@@ -52,8 +52,19 @@ class job:
         env["WEFT_TRACE_DIR"] = self.dir
         env["WEFT_ABORT_GRACE"] = str(GRACE)
         env.update(extra_env or {})
-        command = [args.mpiexec, "-n", str(RANKS), "--oversubscribe", "--bind-to", "none", args.program,
-                   self.dir, mode, "60"]
+        program = [args.program, self.dir, mode, "60"]
+        command = [args.mpiexec, "--oversubscribe", "--bind-to", "none"]
+        if rank_env:
+            # One app context per rank (MPMD), so that one rank gets variables of its own.
+            for rank in range(RANKS):
+                if rank > 0:
+                    command.append(":")
+                command += ["-n", "1"]
+                for name, value in (rank_env.get(rank) or {}).items():
+                    command += ["-x", "%s=%s" % (name, value)]
+                command += program
+        else:
+            command += ["-n", str(RANKS)] + program
         self.output_path = os.path.join(self.dir, "output-%d.txt" % time.monotonic_ns())
         self.output_file = open(self.output_path, "w")
         self.process = subprocess.Popen(command, env=env, stdout=self.output_file, stderr=subprocess.STDOUT)
@@ -107,24 +118,12 @@ class job:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def stop_and_wait(run, victim, deadline, what, kill_after_first_dump=False):
-    """SIGSTOPs `victim` mid-run; returns (status, seconds until mpiexec ended). With
-    `kill_after_first_dump`, SIGKILLs the stopped rank once another rank has dumped: when mpiexec
-    ends the job it resumes the stopped rank (SIGCONT, then SIGTERM), and in between its watchdog
-    could still answer a dump request that a rank still waiting has left in the folder."""
+def stop_and_wait(run, victim, deadline, what):
+    """SIGSTOPs `victim` mid-run; returns (status, seconds until mpiexec ended)."""
     run.wait_for_pids()
     time.sleep(0.5)
     stopped_at = time.monotonic()
-    stopped_wall = time.time()
     os.kill(run.pids[victim], signal.SIGSTOP)
-    if kill_after_first_dump:
-        end = time.monotonic() + deadline + GRACE + 20
-        while time.monotonic() < end and run.process.poll() is None:
-            paths = [os.path.join(run.dir, "weft-flight-%d.json" % r) for r in range(RANKS) if r != victim]
-            if any(os.path.exists(p) and os.path.getmtime(p) > stopped_wall for p in paths):
-                break
-            time.sleep(0.01)
-        os.kill(run.pids[victim], signal.SIGKILL)
     status = run.wait(deadline + GRACE + 20)
     elapsed = time.monotonic() - stopped_at
     if status is None:
@@ -201,14 +200,18 @@ def test_stale(args):
     old_job = first.dump(2)["job"]
     first.output_file.close()
 
-    # The new run, in the same folder: rank 2 is stopped and never dumps (no SIGTERM handler).
+    # The new run, in the same folder: rank 2 is stopped and never dumps there. When mpiexec ends
+    # the job it resumes the stopped rank before it terminates it, and the resumed rank could
+    # still answer a dump request left in the folder: its dumps go to a folder of its own.
     victim = 2
-    run = job(args, "loop", deadline, directory=first.dir, extra_env={"WEFT_TRACE_SIGNALS": "0"})
-    status, elapsed = stop_and_wait(run, victim, deadline, "stale", kill_after_first_dump=True)
+    elsewhere = os.path.join(first.dir, "victim")
+    os.mkdir(elsewhere)
+    run = job(args, "loop", deadline, directory=first.dir, extra_env={"WEFT_TRACE_SIGNALS": "0"},
+              rank_env={victim: {"WEFT_TRACE_DIR": elsewhere}})
+    status, elapsed = stop_and_wait(run, victim, deadline, "stale")
     output = run.output()
-    # 124 (the watchdog's abort) or the killed rank's status, whichever mpiexec saw first.
-    if status == 0:
-        fail("stale: the second run exited with status 0", output)
+    if status != 124:
+        fail("stale: the second run exited with status %s, not 124" % status, output)
     # The new run's job: that of its newest dump. A live rank that the abort ended before it
     # dumped (a loaded machine) still holds the first run's file: then it is left out too.
     newest = max((run.dump(rank) for rank in range(RANKS) if rank != victim), key=lambda d: d["unix_time_ns"])
