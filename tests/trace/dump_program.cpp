@@ -7,6 +7,7 @@
 //                                    out; the others dump only when it asks them to)
 //
 // DUMP_PROGRAM_THREAD_LEVEL=funneled initialises MPI with MPI_THREAD_FUNNELED (default: multiple).
+// DUMP_PROGRAM_OWN_TRACE_DIR=RANK:DIR gives world rank RANK the WEFT_TRACE_DIR DIR.
 #include <mpi.h>
 
 #include <weft/backend/mpi/backend.hpp>
@@ -56,6 +57,12 @@ int main(int argc, char** argv) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   int status = 0;
+  if (const char* own = std::getenv("DUMP_PROGRAM_OWN_TRACE_DIR")) {
+    const std::string spec = own;
+    const auto colon = spec.find(':');
+    if (colon != std::string::npos && std::stoi(spec.substr(0, colon)) == rank)
+      setenv("WEFT_TRACE_DIR", spec.substr(colon + 1).c_str(), 1);  // before any thread of weft's starts
+  }
   try {
     if (argc != 4) throw std::runtime_error("usage: dump_program DIR loop|idle SECONDS");
     const std::string dir = argv[1], mode = argv[2];

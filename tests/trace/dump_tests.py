@@ -43,7 +43,7 @@ def fail(message, output=""):
 class job:
     """mpiexec -n 4 dump_program DIR MODE SECONDS, with the rank pids it wrote."""
 
-    def __init__(self, args, mode, deadline, directory=None, extra_env=None, rank_env=None):
+    def __init__(self, args, mode, deadline, directory=None, extra_env=None):
         self.dir = directory or tempfile.mkdtemp(prefix="weft-dump-")
         for stale_pid in glob.glob(os.path.join(self.dir, "pid-*")):
             os.remove(stale_pid)
@@ -52,19 +52,8 @@ class job:
         env["WEFT_TRACE_DIR"] = self.dir
         env["WEFT_ABORT_GRACE"] = str(GRACE)
         env.update(extra_env or {})
-        program = [args.program, self.dir, mode, "60"]
-        command = [args.mpiexec, "--oversubscribe", "--bind-to", "none"]
-        if rank_env:
-            # One app context per rank (MPMD), so that one rank gets variables of its own.
-            for rank in range(RANKS):
-                if rank > 0:
-                    command.append(":")
-                command += ["-n", "1"]
-                for name, value in (rank_env.get(rank) or {}).items():
-                    command += ["-x", "%s=%s" % (name, value)]
-                command += program
-        else:
-            command += ["-n", str(RANKS)] + program
+        command = [args.mpiexec, "-n", str(RANKS), "--oversubscribe", "--bind-to", "none", args.program,
+                   self.dir, mode, "60"]
         self.output_path = os.path.join(self.dir, "output-%d.txt" % time.monotonic_ns())
         self.output_file = open(self.output_path, "w")
         self.process = subprocess.Popen(command, env=env, stdout=self.output_file, stderr=subprocess.STDOUT)
@@ -206,8 +195,8 @@ def test_stale(args):
     victim = 2
     elsewhere = os.path.join(first.dir, "victim")
     os.mkdir(elsewhere)
-    run = job(args, "loop", deadline, directory=first.dir, extra_env={"WEFT_TRACE_SIGNALS": "0"},
-              rank_env={victim: {"WEFT_TRACE_DIR": elsewhere}})
+    run = job(args, "loop", deadline, directory=first.dir,
+              extra_env={"WEFT_TRACE_SIGNALS": "0", "DUMP_PROGRAM_OWN_TRACE_DIR": "%d:%s" % (victim, elsewhere)})
     status, elapsed = stop_and_wait(run, victim, deadline, "stale")
     output = run.output()
     if status != 124:
