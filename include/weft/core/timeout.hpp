@@ -26,6 +26,12 @@ inline std::chrono::milliseconds parse_comm_timeout(const std::string& text, con
     throw error("weft: " + source + "='" + text +
                 "' is not a number of seconds; give e.g. 600 (10 minutes, the default), or 0 to wait without a "
                 "deadline");
+  // Deadlines are kept in whole milliseconds: a positive one below 1 ms would become 0, "no
+  // deadline", the opposite of what was asked.
+  if (seconds > 0.0 && seconds < 0.001)
+    throw error("weft: " + source + "='" + text +
+                "' is below 1 ms, the deadline's resolution; give at least 0.001 (seconds), or 0 to wait without a "
+                "deadline");
   return std::chrono::milliseconds(static_cast<long long>(seconds * 1000.0));
 }
 

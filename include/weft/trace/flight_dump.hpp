@@ -7,17 +7,21 @@
 ///
 /// The file (one object per rank):
 ///   {"format": "weft-flight-recorder", "version": 1, "rank": 2, "host": "node07", "pid": 4242,
-///    "reason": "timeout", "message": "...", "dumped_at_ns": ..., "unix_time_ns": ...,
+///    "job": "1219231745", "reason": "timeout", "message": "...", "dumped_at_ns": ..., "unix_time_ns": ...,
 ///    "groups": [{"name": "world", "rank": 2, "size": 4, "members": [0, 1, 2, 3],
 ///                "timeout_ms": 600000, "issued": 57, "collectives": 55, "fingerprint": "0x...",
 ///                "entries": [{"seq": 56, "op": "all_reduce", "dtype": "float32", "count": 1024,
 ///                             "peer": -1, "reduction": "sum", "state": "completed",
 ///                             "issued_ns": ..., "started_ns": ..., "ended_ns": ...}, ...]}]}
 /// Times are the recorder's monotonic clock in nanoseconds; `dumped_at_ns` and `unix_time_ns`
-/// give the same instant on the monotonic and the wall clock, to line ranks up.
+/// give the same instant on the monotonic and the wall clock, to line ranks up. `job` names the
+/// run (weft::trace::job_id(); "" when unknown), so dumps left by an earlier run are told apart.
 
+#include <charconv>
+#include <system_error>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -30,6 +34,11 @@
 #include <weft/trace/operation.hpp>
 
 namespace weft::trace {
+
+/// The largest group a dump may describe without listing its members (weft-trace-diff lists the
+/// ranks that left no dump, so the size is what it allocates for); one that lists them is
+/// bounded by the file itself.
+inline constexpr int max_group_size_without_members = 1 << 20;
 
 /// One communicator in a dump.
 struct group_dump {
@@ -49,6 +58,7 @@ struct flight_dump {
   int rank = -1;  ///< world rank
   std::string host;
   long pid = 0;
+  std::string job;      ///< the run's job id (trace::job_id()); empty: unknown
   std::string reason;   ///< "timeout", "signal", "request", "terminate", ...
   std::string message;  ///< what the process said when it dumped (the timeout message)
   std::int64_t dumped_at_ns = 0;
@@ -80,7 +90,7 @@ inline std::string to_json(const flight_dump& dump) {
   char hex[32];
   std::string out = "{\"format\": \"weft-flight-recorder\", \"version\": 1, \"rank\": " + std::to_string(dump.rank) +
                     ", \"host\": " + json_string(dump.host) + ", \"pid\": " + std::to_string(dump.pid) +
-                    ", \"reason\": " + json_string(dump.reason) + ", \"message\": " + json_string(dump.message) +
+                    ", \"job\": " + json_string(dump.job) + ", \"reason\": " + json_string(dump.reason) + ", \"message\": " + json_string(dump.message) +
                     ", \"dumped_at_ns\": " + std::to_string(dump.dumped_at_ns) +
                     ", \"unix_time_ns\": " + std::to_string(dump.unix_time_ns) + ",\n \"groups\": [";
   for (std::size_t g = 0; g < dump.groups.size(); ++g) {
@@ -128,18 +138,44 @@ inline std::int64_t integer_member(const json_value& object, std::string_view ke
   return *v.integer;
 }
 
-inline std::uint64_t unsigned_member(const json_value& object, std::string_view key, std::string_view where) {
-  const json_value& v = member(object, key, where);
-  if (v.type != kind::number || v.text.starts_with('-') || v.text.find_first_of(".eE") != std::string::npos)
-    throw error("flight-recorder dump: \"" + std::string(key) + "\" in " + std::string(where) + " is not a count");
-  return std::stoull(v.text);
-}
-
 inline std::string string_member(const json_value& object, std::string_view key, std::string_view where) {
   const json_value& v = member(object, key, where);
   if (v.type != kind::string)
     throw error("flight-recorder dump: \"" + std::string(key) + "\" in " + std::string(where) + " is not a string");
   return v.text;
+}
+
+/// An integer member within [low, high]; the message names the range.
+inline std::int64_t bounded_member(const json_value& object, std::string_view key, std::string_view where,
+                                   std::int64_t low, std::int64_t high) {
+  const std::int64_t value = integer_member(object, key, where);
+  if (value < low || value > high)
+    throw error("flight-recorder dump: \"" + std::string(key) + "\" in " + std::string(where) + " is " +
+                std::to_string(value) + ", not within " + std::to_string(low) + ".." + std::to_string(high));
+  return value;
+}
+
+inline std::uint64_t unsigned_member(const json_value& object, std::string_view key, std::string_view where) {
+  const json_value& v = member(object, key, where);
+  std::uint64_t value = 0;
+  const char* first = v.text.data();
+  const char* last = first + v.text.size();
+  const auto [end, code] = std::from_chars(first, last, value);
+  if (v.type != kind::number || code != std::errc() || end != last || v.text.empty())
+    throw error("flight-recorder dump: \"" + std::string(key) + "\" in " + std::string(where) +
+                " is not a count from 0 to 18446744073709551615");
+  return value;
+}
+
+inline std::uint64_t hex_member(const json_value& object, std::string_view key, std::string_view where) {
+  const std::string text = string_member(object, key, where);
+  std::uint64_t value = 0;
+  const std::string_view digits = std::string_view(text).substr(text.starts_with("0x") ? 2 : 0);
+  const auto [end, code] = std::from_chars(digits.data(), digits.data() + digits.size(), value, 16);
+  if (digits.empty() || code != std::errc() || end != digits.data() + digits.size())
+    throw error("flight-recorder dump: \"" + std::string(key) + "\" in " + std::string(where) +
+                " is not a 64-bit hexadecimal number");
+  return value;
 }
 
 inline json_value parse_dump_text(std::string_view text) {
@@ -173,9 +209,10 @@ inline flight_dump parse_flight_dump(std::string_view text) {
   if (string_member(top, "format", "the dump") != "weft-flight-recorder")
     throw error("flight-recorder dump: \"format\" is not \"weft-flight-recorder\"");
   flight_dump dump;
-  dump.rank = static_cast<int>(integer_member(top, "rank", "the dump"));
+  dump.rank = static_cast<int>(bounded_member(top, "rank", "the dump", -1, std::numeric_limits<int>::max()));
   dump.host = string_member(top, "host", "the dump");
   dump.pid = static_cast<long>(integer_member(top, "pid", "the dump"));
+  if (const json_value* job = weft::detail::find_member(top, "job"); job && job->type == kind::string) dump.job = job->text;
   dump.reason = string_member(top, "reason", "the dump");
   if (const json_value* m = weft::detail::find_member(top, "message"); m && m->type == kind::string) dump.message = m->text;
   dump.dumped_at_ns = integer_member(top, "dumped_at_ns", "the dump");
@@ -187,15 +224,28 @@ inline flight_dump parse_flight_dump(std::string_view text) {
     group_dump g;
     g.name = string_member(go, "name", "a group");
     const std::string where = "group '" + g.name + "'";
-    g.rank = static_cast<int>(integer_member(go, "rank", where));
-    g.size = static_cast<int>(integer_member(go, "size", where));
-    if (const json_value* m = weft::detail::find_member(go, "members"); m && m->type == kind::array)
-      for (const json_value& rank : m->items)
-        if (rank.integer) g.members.push_back(static_cast<int>(*rank.integer));
+    // The size drives what weft-trace-diff allocates: bounded by the members the file lists, or
+    // by max_group_size_without_members when it lists none.
+    g.size = static_cast<int>(bounded_member(go, "size", where, 1, std::numeric_limits<int>::max()));
+    g.rank = static_cast<int>(bounded_member(go, "rank", where, 0, g.size - 1));
+    if (const json_value* m = weft::detail::find_member(go, "members"); m && m->type == kind::array) {
+      for (const json_value& rank : m->items) {
+        if (!rank.integer || *rank.integer < 0 || *rank.integer > std::numeric_limits<int>::max())
+          throw error("flight-recorder dump: \"members\" of " + where + " holds something other than a world rank");
+        g.members.push_back(static_cast<int>(*rank.integer));
+      }
+    }
+    if (!g.members.empty() && g.members.size() != static_cast<std::size_t>(g.size))
+      throw error("flight-recorder dump: " + where + " has size " + std::to_string(g.size) + " but lists " +
+                  std::to_string(g.members.size()) + " members");
+    if (g.members.empty() && g.size > max_group_size_without_members)
+      throw error("flight-recorder dump: " + where + " has size " + std::to_string(g.size) +
+                  " and lists no members; without members a group may have at most " +
+                  std::to_string(max_group_size_without_members) + " ranks");
     g.timeout_ms = integer_member(go, "timeout_ms", where);
     g.issued = unsigned_member(go, "issued", where);
     g.collectives = unsigned_member(go, "collectives", where);
-    g.fingerprint = std::stoull(string_member(go, "fingerprint", where), nullptr, 16);
+    g.fingerprint = hex_member(go, "fingerprint", where);
     const json_value& entries = member(go, "entries", where);
     if (entries.type != kind::array) throw error("flight-recorder dump: \"entries\" of " + where + " is not an array");
     for (const json_value& eo : entries.items) {
@@ -208,7 +258,7 @@ inline flight_dump parse_flight_dump(std::string_view text) {
       r.op = *parsed_op;
       r.type = dtype_from_name(string_member(eo, "dtype", where));
       r.count = unsigned_member(eo, "count", where);
-      r.peer = static_cast<int>(integer_member(eo, "peer", where));
+      r.peer = static_cast<int>(bounded_member(eo, "peer", where, -1, g.size - 1));
       if (const json_value* red = weft::detail::find_member(eo, "reduction"); red && red->type == kind::string)
         r.reduction = reduction_from_name(red->text);
       const std::string state = string_member(eo, "state", where);

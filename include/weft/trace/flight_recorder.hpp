@@ -17,7 +17,10 @@
 /// Threads: one writer issues (the thread using the communicator); any thread may mark an entry
 /// started, completed or failed; any thread may take a snapshot. Every field is an atomic, and a
 /// reader checks the entry's sequence number before and after reading it, so a snapshot never
-/// mixes two operations that shared a slot.
+/// mixes two operations that shared a slot. Marking is atomic per slot: start/finish claim the
+/// slot with a compare-and-swap on its tag (the sequence number and a busy bit), so an operation
+/// issued into the slot meanwhile is never marked by its predecessor's completion; issue waits
+/// for such a claim (two stores long) before it rewrites the slot.
 
 #include <atomic>
 #include <bit>
@@ -62,17 +65,22 @@ struct flight_record {
   std::int64_t ended_ns = 0;    ///< when it completed or failed (0: not yet)
 };
 
+/// The most entries a recorder keeps: 65536 (48 bytes each: 3 MiB per communicator). The watchdog scans
+/// the unfinished part of every ring on each poll, and a dump writes every entry, so the ring is
+/// bounded where both stay in the milliseconds.
+inline constexpr std::size_t max_flight_recorder_entries = std::size_t{1} << 16;
+
 /// Entries kept per communicator: WEFT_FLIGHT_RECORDER_ENTRIES (rounded up to a power of two),
-/// default 1024 (about 80 KiB).
+/// default 1024 (48 KiB), at most max_flight_recorder_entries.
 inline std::size_t flight_recorder_capacity_from_environment() {
   constexpr std::size_t default_entries = 1024;
   const char* value = std::getenv("WEFT_FLIGHT_RECORDER_ENTRIES");
   if (value == nullptr || *value == '\0') return default_entries;
   char* end = nullptr;
   const unsigned long long parsed = std::strtoull(value, &end, 10);
-  if (end == value || *end != '\0' || parsed < 1 || parsed > (1u << 24))
-    throw error(std::string("weft: WEFT_FLIGHT_RECORDER_ENTRIES='") + value +
-                "' is not a number of entries from 1 to 16777216; the default is 1024");
+  if (end == value || *end != '\0' || value[0] == '-' || parsed < 1 || parsed > max_flight_recorder_entries)
+    throw error(std::string("weft: WEFT_FLIGHT_RECORDER_ENTRIES='") + value + "' is not a number of entries from 1 to " +
+                std::to_string(max_flight_recorder_entries) + "; the default is 1024");
   return static_cast<std::size_t>(parsed);
 }
 
@@ -80,12 +88,13 @@ class flight_recorder {
  public:
   /// `group`: the communicator's name; `rank`, `size`: this rank's place in it; `capacity`: how
   /// many operations the ring keeps; `timeout`: the deadline of each operation (0: none).
+  /// @throws weft::error when `capacity` is above max_flight_recorder_entries.
   flight_recorder(std::string group, int rank, int size, std::size_t capacity = flight_recorder_capacity_from_environment(),
                   std::chrono::milliseconds timeout = std::chrono::milliseconds(0))
       : group_(std::move(group)),
         rank_(rank),
         size_(size),
-        capacity_(std::bit_ceil(capacity < 1 ? std::size_t{1} : capacity)),
+        capacity_(checked_capacity(capacity)),
         slot_mask_(capacity_ - 1),
         slots_(std::make_unique<slot[]>(capacity_)),
         timeout_ms_(timeout.count()) {}
@@ -116,10 +125,14 @@ class flight_recorder {
                       bool started = false) noexcept {
     const std::uint64_t sequence = issued_.load(std::memory_order_relaxed) + 1;
     slot& s = slots_[sequence & slot_mask_];
-    // Readers skip the slot while it changes. The field stores are releases (plain stores on
-    // x86) rather than relaxed stores behind a fence: a reader that sees any new field then also
-    // sees this 0 when it checks the sequence again, and ThreadSanitizer understands it.
-    s.sequence.store(0, std::memory_order_relaxed);
+    // Take the slot from its previous operation: wait out a start/finish that holds it (a few
+    // stores), then tag it 0, so that marks of the previous operation no longer match. Readers
+    // skip the slot while it changes. The field stores are releases (plain stores on x86) rather
+    // than relaxed stores behind a fence: a reader that sees any new field then also sees this 0
+    // when it checks the tag again, and ThreadSanitizer understands it.
+    std::uint64_t tag = s.tag.load(std::memory_order_relaxed);
+    while ((tag & busy_bit) != 0 || !s.tag.compare_exchange_weak(tag, 0, std::memory_order_acquire, std::memory_order_relaxed))
+      if ((tag & busy_bit) != 0) tag = s.tag.load(std::memory_order_relaxed);
     s.op.store(static_cast<std::uint8_t>(op), std::memory_order_release);
     s.type.store(static_cast<std::uint8_t>(type), std::memory_order_release);
     s.state.store(static_cast<std::uint8_t>(started ? op_state::started : op_state::issued), std::memory_order_release);
@@ -130,7 +143,7 @@ class flight_recorder {
     s.issued_ns.store(now, std::memory_order_release);
     s.started_ns.store(started ? now : 0, std::memory_order_release);
     s.ended_ns.store(0, std::memory_order_release);
-    s.sequence.store(sequence, std::memory_order_release);
+    s.tag.store(sequence << 1, std::memory_order_release);
     issued_.store(sequence, std::memory_order_release);
     if (is_collective(op)) {
       const std::uint64_t collectives = collectives_.load(std::memory_order_relaxed) + 1;
@@ -143,25 +156,30 @@ class flight_recorder {
 
   /// The operation began to run (async operations: when the progress thread takes it up).
   void start(std::uint64_t sequence) noexcept {
-    if (slot* s = find(sequence)) {
-      s->started_ns.store(monotonic_ns(), std::memory_order_relaxed);
+    if (slot* s = claim_slot(sequence)) {
+      s->started_ns.store(monotonic_ns(), std::memory_order_release);
       s->state.store(static_cast<std::uint8_t>(op_state::started), std::memory_order_release);
+      release_slot(*s, sequence);
     }
   }
   /// The operation finished: `ok` false when it failed.
   void finish(std::uint64_t sequence, bool ok = true) noexcept {
-    if (slot* s = find(sequence)) {
+    if (slot* s = claim_slot(sequence)) {
       const std::int64_t now = monotonic_ns();
-      if (s->started_ns.load(std::memory_order_relaxed) == 0) s->started_ns.store(now, std::memory_order_relaxed);
-      s->ended_ns.store(now, std::memory_order_relaxed);
+      if (s->started_ns.load(std::memory_order_relaxed) == 0) s->started_ns.store(now, std::memory_order_release);
+      s->ended_ns.store(now, std::memory_order_release);
       s->state.store(static_cast<std::uint8_t>(ok ? op_state::completed : op_state::failed),
                      std::memory_order_release);
+      release_slot(*s, sequence);
     }
   }
 
   /// The backend will not report this async operation's completion: no deadline applies to it.
   void untracked(std::uint64_t sequence) noexcept {
-    if (slot* s = find(sequence)) s->state.store(static_cast<std::uint8_t>(op_state::untracked), std::memory_order_release);
+    if (slot* s = claim_slot(sequence)) {
+      s->state.store(static_cast<std::uint8_t>(op_state::untracked), std::memory_order_release);
+      release_slot(*s, sequence);
+    }
   }
 
   /// Hands an async operation's sequence number to the backend that runs it: the communicator
@@ -203,8 +221,12 @@ class flight_recorder {
 
   /// The entry of `sequence`, if it is still in the ring.
   std::optional<flight_record> read(std::uint64_t sequence) const noexcept {
+    if (sequence == 0) return std::nullopt;  // no operation; tag 0 is a slot being rewritten
     const slot& s = slots_[sequence & slot_mask_];
-    if (s.sequence.load(std::memory_order_acquire) != sequence) return std::nullopt;
+    std::uint64_t tag = s.tag.load(std::memory_order_acquire);
+    // A start/finish holds the slot for two stores: wait it out rather than drop the entry.
+    for (int spins = 0; tag == ((sequence << 1) | busy_bit) && spins < 1000; ++spins) tag = s.tag.load(std::memory_order_acquire);
+    if (tag != sequence << 1) return std::nullopt;
     flight_record r;
     r.sequence = sequence;
     r.op = static_cast<operation>(s.op.load(std::memory_order_acquire));
@@ -217,13 +239,17 @@ class flight_recorder {
     r.started_ns = s.started_ns.load(std::memory_order_acquire);
     r.ended_ns = s.ended_ns.load(std::memory_order_acquire);
     // The loads above are acquires, so this check cannot move before them.
-    if (s.sequence.load(std::memory_order_relaxed) != sequence) return std::nullopt;  // reused meanwhile
+    if (s.tag.load(std::memory_order_relaxed) != tag) return std::nullopt;  // marked or reused meanwhile
     return r;
   }
 
  private:
+  /// A slot's tag: its operation's sequence number shifted left by one, with this bit set while a
+  /// start/finish/untracked call marks it; 0 while empty or being rewritten by issue().
+  static constexpr std::uint64_t busy_bit = 1;
+
   struct slot {
-    std::atomic<std::uint64_t> sequence{0};  ///< 0 while empty or being rewritten
+    std::atomic<std::uint64_t> tag{0};
     std::atomic<std::uint8_t> op{0};
     std::atomic<std::uint8_t> type{0};
     std::atomic<std::uint8_t> state{0};
@@ -235,10 +261,29 @@ class flight_recorder {
     std::atomic<std::int64_t> ended_ns{0};
   };
 
-  slot* find(std::uint64_t sequence) noexcept {
-    slot& s = slots_[sequence & slot_mask_];
-    return s.sequence.load(std::memory_order_acquire) == sequence ? &s : nullptr;
+  static std::size_t checked_capacity(std::size_t capacity) {
+    if (capacity > max_flight_recorder_entries)
+      throw error("weft: a flight recorder of " + std::to_string(capacity) + " entries is more than the limit of " +
+                  std::to_string(max_flight_recorder_entries) + "; ask for fewer (WEFT_FLIGHT_RECORDER_ENTRIES)");
+    return std::bit_ceil(capacity < 1 ? std::size_t{1} : capacity);
   }
+
+  /// Takes the slot of `sequence` for marking, or null when another operation holds it now. The
+  /// compare-and-swap both checks the sequence and keeps issue() from reusing the slot until
+  /// release_slot(): the check and the stores cannot be split by a reuse.
+  slot* claim_slot(std::uint64_t sequence) noexcept {
+    if (sequence == 0) return nullptr;  // no operation; tag 0 is a slot being rewritten
+    slot& s = slots_[sequence & slot_mask_];
+    const std::uint64_t mine = sequence << 1;
+    for (;;) {
+      std::uint64_t expected = mine;
+      if (s.tag.compare_exchange_weak(expected, mine | busy_bit, std::memory_order_acquire, std::memory_order_relaxed))
+        return &s;
+      if (expected != mine && expected != (mine | busy_bit)) return nullptr;  // reused (or never ours)
+      // Another thread marks the same operation (start racing finish): wait for it.
+    }
+  }
+  static void release_slot(slot& s, std::uint64_t sequence) noexcept { s.tag.store(sequence << 1, std::memory_order_release); }
 
   std::string group_;
   int rank_;

@@ -43,6 +43,8 @@
 #include <weft/trace/abort_action.hpp>
 #include <weft/trace/flight_recorder.hpp>
 
+#include <unistd.h>
+
 namespace weft {
 
 struct mpi_backend {
@@ -196,10 +198,21 @@ struct mpi_backend {
     void attach_recorder(std::shared_ptr<trace::flight_recorder> recorder) noexcept { recorder_ = std::move(recorder); }
 
     /// What the watchdog does to abort this communicator: MPI_Abort on MPI_COMM_WORLD (MPI has no
-    /// way to abort one communicator alone), which ends every rank of the job with `status`.
+    /// way to abort one communicator alone), which ends every rank of the job with `status`. The
+    /// watchdog calls it from its own thread, which MPI allows only under MPI_THREAD_MULTIPLE; at
+    /// a lower level it says so and returns, and the watchdog ends this process with the same
+    /// status (the launcher then ends the others).
     trace::abort_action abort_action() const {
-      return {[](int status) {
-                if (!detail::mpi::mpi_finalized()) MPI_Abort(MPI_COMM_WORLD, status);
+      return {[threads_ok = threads_ok_](int status) {
+                if (detail::mpi::mpi_finalized()) return;
+                if (!threads_ok) {
+                  const std::string text = "weft: MPI was initialised below MPI_THREAD_MULTIPLE, so MPI_Abort cannot be "
+                                           "called from the watchdog's thread; ending this process with status " +
+                                           std::to_string(status) + " instead\n";
+                  [[maybe_unused]] auto written = write(STDERR_FILENO, text.data(), text.size());
+                  return;
+                }
+                MPI_Abort(MPI_COMM_WORLD, status);
               },
               /*ends_process=*/true};
     }

@@ -28,6 +28,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -42,6 +43,7 @@
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <weft/backend/backend.hpp>
 #include <weft/trace/abort_action.hpp>
@@ -187,7 +189,9 @@ struct nccl_backend {
                             "ncclCommInitRankConfig(&handle, ranks, id, rank, &config)",
                             std::source_location::current(), std::move(context));
       }
-      return from_state(std::move(state), stream);
+      comm joined = from_state(std::move(state), stream);
+      joined.learn_world_ranks();
+      return joined;
     }
 
     /// Takes ownership of an NCCL communicator made elsewhere (destroyed with this object). A
@@ -223,6 +227,12 @@ struct nccl_backend {
     int size() const noexcept { return size_; }
     /// The CUDA device the communicator lives on.
     int device() const noexcept { return state_ ? state_->device : -1; }
+
+    /// The world rank of each member, in this communicator's rank order (for flight-recorder
+    /// dumps, which line groups up by their members): learnt when the communicator is made by
+    /// init_rank or split, with one all-gather of each rank's world rank under the deadline.
+    /// Empty when unknown: adopted communicators, or ranks that do not know their world rank.
+    std::vector<int> world_ranks() const { return world_ranks_; }
     ncclComm_t native() const noexcept { return state_ ? state_->handle.load(std::memory_order_acquire) : nullptr; }
     /// The stream operations are enqueued on.
     cudaStream_t stream() const noexcept { return stream_; }
@@ -456,7 +466,9 @@ struct nccl_backend {
                             state_->describe() + ": splitting '" + state_->name + "' failed" +
                                 (text.empty() ? std::string() : ": " + text));
       }
-      return from_state(std::move(state), borrowed_stream_ ? std::optional<cudaStream_t>(stream_) : std::nullopt);
+      comm made_child = from_state(std::move(state), borrowed_stream_ ? std::optional<cudaStream_t>(stream_) : std::nullopt);
+      made_child.learn_world_ranks();
+      return made_child;
     }
 
     /// A small all-gather of host values (agreement checks), through a temporary device buffer.
@@ -678,6 +690,19 @@ struct nccl_backend {
       borrowed_stream_ = std::exchange(other.borrowed_stream_, false);
       rank_ = std::exchange(other.rank_, 0);
       size_ = std::exchange(other.size_, 0);
+      world_ranks_ = std::move(other.world_ranks_);
+      other.world_ranks_.clear();
+    }
+
+    /// NCCL knows no world ranks: each rank brings its own (the launcher's) to one all-gather.
+    /// Any rank that does not know its own leaves the list empty on every rank.
+    void learn_world_ranks() {
+      const std::int64_t mine = weft::detail::world_rank_for_messages();
+      std::vector<std::int64_t> all(static_cast<std::size_t>(size_));
+      host_all_gather(std::span<const std::int64_t>(&mine, 1), all);
+      world_ranks_.clear();
+      if (std::any_of(all.begin(), all.end(), [](std::int64_t r) { return r < 0; })) return;
+      for (std::int64_t r : all) world_ranks_.push_back(static_cast<int>(r));
     }
 
     /// Waits for pending work, then finalizes and destroys the NCCL communicator, every wait
@@ -720,6 +745,7 @@ struct nccl_backend {
     bool borrowed_stream_ = false;
     int rank_ = 0;
     int size_ = 0;
+    std::vector<int> world_ranks_;
   };
 };
 
