@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds weft with warnings as errors and runs every test (unit, multi-rank through mpiexec,
-# consumer projects), then again under sanitizers. Usage: scripts/test.sh [build-dir]   (default: build/test)
+# consumer projects), then again under sanitizers, then fuzzes the readers of untrusted input for a
+# minute each (scripts/fuzz.sh). Usage: scripts/test.sh [build-dir]   (default: build/test)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${1:-$root/build/test}"
@@ -16,4 +17,9 @@ ctest --test-dir "$build" --output-on-failure --label-exclude gpu --parallel 1 -
 if [ "${WEFT_SANITIZERS:-1}" != 0 ]; then
   "$root/scripts/sanitize.sh" address "$build-asan"
   "$root/scripts/sanitize.sh" thread "$build-tsan"
+fi
+# The fuzzing harnesses, built with clang in their own tree, a minute each (docs/reliability.md).
+# WEFT_FUZZ=0 skips them; WEFT_FUZZ_SECONDS shortens them.
+if [ "${WEFT_FUZZ:-1}" != 0 ]; then
+  "$root/scripts/fuzz.sh" "$build-fuzz"
 fi

@@ -1,6 +1,7 @@
 #pragma once
 // Command-line pieces shared by weft's programs (examples and benchmarks): not part of the library.
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cmath>
@@ -9,11 +10,13 @@
 #include <cstdio>
 #include <exception>
 #include <limits>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <vector>
 
 #include <weft/core/timeout.hpp>
 
@@ -47,6 +50,100 @@ std::string number_text(T value) {
 }
 
 }  // namespace detail
+
+/// The edit distance from `a` to `b`, ignoring case: insertions, deletions, substitutions and
+/// swaps of two neighbouring characters count one each ("--explian" is one from "--explain").
+inline std::size_t spelling_distance(std::string_view a, std::string_view b) {
+  auto lower = [](char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; };
+  const std::size_t n = a.size(), m = b.size();
+  // Three rows of the table: two back (for swaps), one back and the current one.
+  std::vector<std::size_t> before(m + 1), previous(m + 1), current(m + 1);
+  for (std::size_t j = 0; j <= m; ++j) previous[j] = j;
+  for (std::size_t i = 1; i <= n; ++i) {
+    current[0] = i;
+    for (std::size_t j = 1; j <= m; ++j) {
+      const bool same = lower(a[i - 1]) == lower(b[j - 1]);
+      current[j] = std::min({previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (same ? 0 : 1)});
+      if (i > 1 && j > 1 && lower(a[i - 1]) == lower(b[j - 2]) && lower(a[i - 2]) == lower(b[j - 1]))
+        current[j] = std::min(current[j], before[j - 2] + 1);
+    }
+    std::swap(before, previous);
+    std::swap(previous, current);
+  }
+  return previous[m];
+}
+
+/// The one of `choices` that `text` most likely misspells, if one is close: the same word in
+/// another case ("1F1B" for "1f1b"), the only choice that `text` begins ("--micro" for
+/// "--micro-batch"), or the only choice nearest by spelling_distance, at most one edit per three
+/// characters (at least one; leading dashes not counted). Nothing when two choices are as close.
+inline std::optional<std::string_view> nearest_spelling(std::string_view text, std::span<const std::string_view> choices) {
+  std::string_view core = text;
+  while (core.starts_with('-')) core.remove_prefix(1);
+  if (core.empty() || text.size() > 200) return std::nullopt;  // no word, or no word anyone meant
+  std::optional<std::string_view> best;
+  std::size_t best_distance = std::numeric_limits<std::size_t>::max();
+  bool tied = false;
+  for (std::string_view choice : choices) {
+    const std::size_t distance = spelling_distance(text, choice);
+    if (distance < best_distance) best = choice, best_distance = distance, tied = false;
+    else if (distance == best_distance && choice != *best) tied = true;
+  }
+  if (best && best_distance == 0) return best;
+  if (core.size() >= 3) {
+    std::optional<std::string_view> extended;
+    int extensions = 0;
+    for (std::string_view choice : choices)
+      if (choice.size() > text.size() && choice.starts_with(text) && (!extended || choice != *extended))
+        extended = choice, ++extensions;
+    if (extensions == 1) return extended;
+  }
+  if (!best || tied || best_distance > std::max<std::size_t>(1, core.size() / 3)) return std::nullopt;
+  return best;
+}
+
+/// "; did you mean 'X'?" for the nearest_spelling of `text` among `choices`, or "".
+inline std::string did_you_mean(std::string_view text, std::span<const std::string_view> choices) {
+  const std::optional<std::string_view> nearest = nearest_spelling(text, choices);
+  return nearest ? "; did you mean '" + std::string(*nearest) + "'?" : std::string();
+}
+
+/// The words of a list written for people, "a, b or c" or "a|b|c", for did_you_mean.
+inline std::vector<std::string_view> listed_words(std::string_view list) {
+  std::vector<std::string_view> words;
+  auto separator = [](char c) { return c == ',' || c == '|' || c == ' ' || c == '\n'; };
+  std::size_t i = 0;
+  while (i < list.size()) {
+    while (i < list.size() && separator(list[i])) ++i;
+    std::size_t end = i;
+    while (end < list.size() && !separator(list[end])) ++end;
+    if (end > i && list.substr(i, end - i) != "or" && list.substr(i, end - i) != "and") words.push_back(list.substr(i, end - i));
+    i = end;
+  }
+  return words;
+}
+
+/// The options a usage text names: every "--word" in it, each once, in order.
+inline std::vector<std::string_view> options_in_usage(std::string_view usage) {
+  std::vector<std::string_view> options;
+  for (std::size_t at = usage.find("--"); at != std::string_view::npos; at = usage.find("--", at + 2)) {
+    if (at > 0 && usage[at - 1] != ' ' && usage[at - 1] != '[' && usage[at - 1] != '(' && usage[at - 1] != '\n' &&
+        usage[at - 1] != '|')
+      continue;
+    std::size_t end = at + 2;
+    while (end < usage.size() && ((usage[end] >= 'a' && usage[end] <= 'z') || (usage[end] >= '0' && usage[end] <= '9') ||
+                                  usage[end] == '-'))
+      ++end;
+    const std::string_view option = usage.substr(at, end - at);
+    if (option.size() > 2 && std::find(options.begin(), options.end(), option) == options.end()) options.push_back(option);
+  }
+  return options;
+}
+
+/// The mistake of an option `usage` does not name, with the nearest one it does.
+inline usage_error unknown_option(std::string_view option, std::string_view usage) {
+  return usage_error("unknown option '" + std::string(option) + "'" + did_you_mean(option, options_in_usage(usage)));
+}
 
 /// `text`, the value of option `flag`, as an integer from `low` to `high` (both included).
 /// The whole text must be the number: "12abc", " 12" and "" are mistakes, not 12.

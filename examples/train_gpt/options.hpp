@@ -171,7 +171,7 @@ inline options parse_options(int argc, char** argv) {
     else if (flag == "--trace") o.trace = value();
     else if (flag == "--quiet") o.quiet = true;
     else if (flag == "--comm-timeout") o.comm_timeout = weft_programs::parse_comm_timeout_flag(flag, value());
-    else throw usage_error("unknown option '" + std::string(flag) + "'");
+    else throw weft_programs::unknown_option(flag, usage_text);
   }
   for (int i = 1; i < argc; ++i)
     for (std::string_view f : {"--tp", "--pp", "--dp", "--cp", "--vp", "--micro-batch", "--sequence-parallel", "--zero1",
@@ -200,7 +200,8 @@ inline options parse_options(int argc, char** argv) {
     o.model_flags.push_back(flag);
   }
   if (o.schedule != "gpipe" && o.schedule != "1f1b" && o.schedule != "interleaved" && o.schedule != "zb-h1")
-    throw usage_error("--schedule '" + o.schedule + "' is not one train_gpt runs: use gpipe, 1f1b, interleaved or zb-h1");
+    throw usage_error("--schedule '" + o.schedule + "' is not one train_gpt runs: use gpipe, 1f1b, interleaved or zb-h1" +
+                      weft_programs::did_you_mean(o.schedule, weft_programs::listed_words("gpipe, 1f1b, interleaved, zb-h1")));
   if (o.schedule == "interleaved" && o.vp < 2)
     throw usage_error("--schedule interleaved needs --vp 2 or more (virtual stages per rank)");
   if (o.schedule != "interleaved" && o.vp > 1)

@@ -12,8 +12,8 @@
 #include <weft/layout/model_shape.hpp>
 #include <weft/layout/node_placement.hpp>
 
-#include "command_line.hpp"
 #include "json_output.hpp"
+#include "layout_arguments.hpp"
 
 #include <cstdint>
 #include <cstdio>
@@ -32,110 +32,11 @@ namespace wl = weft::layout;
 constexpr int exit_invalid_layout = 1;
 constexpr int exit_usage = 2;
 
-constexpr std::string_view usage_text =
-    "usage: weft-layout --world-size W [--tp T] [--cp C] [--ep E] [--pp P] [--dp D] [--expert-tp T]\n"
-    "                   [--order ORDER] [--gpus-per-node G] [--rank R] [--json]\n"
-    "                   [--heads H] [--kv-heads K] [--layers L] [--virtual-stages V] [--experts X] [--seq-length S]\n"
-    "\n"
-    "Prints every process group of a parallel layout: per rank its coordinates, per group kind its\n"
-    "groups of world ranks, and which groups cross nodes. Degrees left out are 1; dp is derived as\n"
-    "world size / (tp x cp x pp); expert-tp defaults to tp; ORDER names the dimensions fastest-varying\n"
-    "first (default tp-cp-ep-dp-pp). Model sizes, when given, are checked against the degrees.\n"
-    "Exit status: 0 valid, 1 invalid layout or model, 2 bad command line.\n";
-
-using weft_programs::parse_integer;
 using weft_programs::json_string;
 using weft_programs::json_strings;
 using weft_programs::usage_error;
-
-struct options {
-  wl::layout_spec spec;
-  wl::model_shape model;
-  std::optional<int> gpus_per_node;
-  std::optional<int> rank;
-  bool json = false;
-  bool help = false;
-  std::vector<std::string> degree_problems;
-};
-
-// Any int: degrees, sizes and ranks out of their range are reported with the layout's problems.
-int parse_int(std::string_view flag, std::string_view text) {
-  return parse_integer(flag, text, std::numeric_limits<int>::min(), std::numeric_limits<int>::max());
-}
-
-options parse_arguments(int argc, char** argv) {
-  options opts;
-  bool have_world = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string_view arg = argv[i];
-    std::string_view flag = arg;
-    std::optional<std::string_view> inline_value;
-    if (auto eq = arg.find('='); arg.starts_with("--") && eq != std::string_view::npos) {
-      flag = arg.substr(0, eq);
-      inline_value = arg.substr(eq + 1);
-    }
-    auto value = [&]() -> std::string_view {
-      if (inline_value) return *inline_value;
-      if (i + 1 >= argc) throw usage_error(std::string(flag) + " needs a value");
-      return argv[++i];
-    };
-    auto flag_only = [&] {
-      if (inline_value) throw usage_error(std::string(flag) + " takes no value");
-    };
-    // An explicit degree of 0 would otherwise mean "derive" for dp and expert-tp.
-    auto degree = [&](std::string_view name) {
-      int v = parse_int(flag, value());
-      if (v < 1) opts.degree_problems.push_back(std::string(name) + "=" + std::to_string(v) + " is invalid: every degree must be at least 1" +
-                                                (name == "dp" ? " (leave --dp out to derive it)" : name == "expert-tp" ? " (leave --expert-tp out to use tp)" : ""));
-      return v < 1 ? 1 : v;
-    };
-    if (flag == "--help" || flag == "-h") {
-      flag_only();
-      opts.help = true;
-    } else if (flag == "--json") {
-      flag_only();
-      opts.json = true;
-    } else if (flag == "--world-size") {
-      opts.spec.world_size = parse_int(flag, value());
-      have_world = true;
-    } else if (flag == "--tp") {
-      opts.spec.tp = degree("tp");
-    } else if (flag == "--cp") {
-      opts.spec.cp = degree("cp");
-    } else if (flag == "--ep") {
-      opts.spec.ep = degree("ep");
-    } else if (flag == "--pp") {
-      opts.spec.pp = degree("pp");
-    } else if (flag == "--dp") {
-      opts.spec.dp = degree("dp");
-    } else if (flag == "--expert-tp") {
-      opts.spec.expert_tp = degree("expert-tp");
-    } else if (flag == "--order") {
-      opts.spec.order = std::string(value());
-    } else if (flag == "--gpus-per-node") {
-      opts.gpus_per_node = parse_int(flag, value());
-    } else if (flag == "--rank") {
-      opts.rank = parse_int(flag, value());
-    } else if (flag == "--heads") {
-      opts.model.heads = parse_int(flag, value());
-    } else if (flag == "--kv-heads") {
-      opts.model.kv_heads = parse_int(flag, value());
-    } else if (flag == "--layers") {
-      opts.model.layers = parse_int(flag, value());
-    } else if (flag == "--virtual-stages") {
-      opts.model.virtual_stages = parse_int(flag, value());
-    } else if (flag == "--experts") {
-      opts.model.experts = parse_int(flag, value());
-    } else if (flag == "--seq-length") {
-      opts.model.seq_length = parse_integer(flag, value(), std::numeric_limits<std::int64_t>::min(),
-                                             std::numeric_limits<std::int64_t>::max());
-    } else {
-      throw usage_error("unknown option '" + std::string(arg) + "'");
-    }
-  }
-  if (!opts.help && !have_world) throw usage_error("--world-size is required: the number of ranks in the job");
-  return opts;
-}
+using weft_layout::options;
+using weft_layout::usage_text;
 
 // ---- JSON ------------------------------------------------------------------------------------
 
@@ -297,17 +198,20 @@ int report_problems(const options& opts, const std::vector<std::string>& problem
 int main(int argc, char** argv) {
   options opts;
   try {
-    opts = parse_arguments(argc, argv);
+    opts = weft_layout::parse_arguments(argc, argv);
   } catch (const usage_error& e) {
     std::cerr << "weft-layout: " << e.what() << "\n\n" << usage_text;
     return exit_usage;
+  } catch (const std::exception& e) {
+    std::cerr << "weft-layout: error: " << e.what() << "\n";
+    return exit_invalid_layout;
   }
   if (opts.help) {
     std::cout << usage_text;
     return 0;
   }
   try {
-    std::vector<std::string> problems = opts.degree_problems;
+    std::vector<std::string> problems = opts.problems;
     if (problems.empty()) problems = wl::validate(opts.spec);
     if (opts.gpus_per_node && *opts.gpus_per_node < 1) {
       problems.push_back("gpus per node " + std::to_string(*opts.gpus_per_node) +
@@ -335,5 +239,8 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const weft::error& e) {
     return report_problems(opts, {e.what()});
+  } catch (const std::exception& e) {  // e.g. std::bad_alloc: one line, not an abort
+    std::cerr << "weft-layout: error: " << e.what() << "\n";
+    return exit_invalid_layout;
   }
 }

@@ -2,6 +2,7 @@
 // transformer on a cluster, from weft's cost model, and explains the choice. See docs/tuning.md.
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -17,6 +18,7 @@
 #include <weft/tune/report.hpp>
 
 #include "command_line.hpp"
+#include "plan_arguments.hpp"
 #if WEFT_PLAN_HAS_PROBE
 #include "probe.hpp"
 #endif
@@ -28,206 +30,20 @@ using namespace weft::tune;
 constexpr int exit_bad_input = 2;
 constexpr int exit_no_fit = 3;
 
-constexpr const char* usage = R"(usage: weft-plan [model] [cluster] [job] [options]
-model:   --model NAME (gpt3-175b, llama2-7b, llama3-8b, llama3-70b, llama3-405b) or
-         --layers L --hidden H --heads A [--kv-heads K] [--ffn F] [--swiglu] --seq S --vocab V
-         [--params P] [--tied-embeddings] [--dropout]   (fields given after --model override it)
-cluster: --gpu NAME (A100-40GB, A100-80GB, H100, H200, B200, L40S) --gpus N [--gpus-per-node G]
-         or --cluster small|large --gpus N (the reference clusters: 4 x A100 80GB nodes with
-         200 Gb/s per node, or 8 x H100 nodes with 400 Gb/s per GPU; --gpu is then optional)
-         [--nvlink-gbytes X] [--network-gbits X] [--oversubscription X]
-         or --hardware FILE [--gpus N]: a description written by --probe (N defaults to its ranks)
-job:     --global-batch B (sequences) | --global-batch-tokens T; [--tokens T] [--price P per GPU-hour]
-         [--fp8]   numbers accept K, M, B/G, T suffixes (1T = 1e12)
-layout (evaluate instead of search; unset fields are searched):
-         --tp --pp --dp --cp --vp --micro-batch N --recompute none|selective|full
-         --sharding none|optimizer|gradients|full
-options: --top K (5) --explain --json --uneven-stages
-         --no-flash --no-sequence-parallel --no-interleaving --no-context-parallel --no-overlap
-         --max-sharding none|optimizer|gradients|full
-         --claim-days D   check a claimed training time for --tokens: implied MFU and the model's days
-         --validate CSV   compare the model with published runs (docs/tuning.md)
-         --probe FILE     measure the ranks this runs on (under mpiexec / srun, with the model's
-                          flags: GEMMs at its shapes) and write the description --hardware reads
-exit status: 0 ok, 2 bad input or invalid layout, 3 nothing fits in memory
-)";
+using weft_plan::arguments;
+using weft_plan::bad_input;
+using weft_plan::usage;
 
-[[noreturn]] void bad_input(const std::string& message) {
-  std::fprintf(stderr, "weft-plan: %s\n", message.c_str());
-  std::exit(exit_bad_input);
-}
+constexpr int exit_failure = 1;
 
-// Numbers take a decimal suffix: 7B parameters, 15T tokens, 32K sequences.
-constexpr weft_programs::unit_suffix decimal_suffixes[] = {{"K", 1e3}, {"k", 1e3}, {"M", 1e6},
-                                                           {"B", 1e9}, {"G", 1e9}, {"T", 1e12}};
-
-double parse_number(std::string_view flag, const std::string& text, double low = 0) {
-  return weft_programs::parse_real(flag, text, low, std::numeric_limits<double>::max(), decimal_suffixes);
-}
-
-int parse_count(std::string_view flag, const std::string& text) {
-  const double v = weft_programs::parse_real(flag, text, 1, 1e9, decimal_suffixes);
-  if (v != std::floor(v)) bad_input(std::string(flag) + " needs a whole number, got '" + text + "'");
-  return static_cast<int>(v);
-}
-
-struct arguments {
-  std::map<std::string, std::string, std::less<>> values;
-  std::map<std::string, bool, std::less<>> flags;
-  bool has(std::string_view k) const { return values.count(k) > 0; }
-  const std::string& get(std::string_view k) const { return values.find(k)->second; }
-};
-
-arguments parse(int argc, char** argv) {
-  static const std::vector<std::string_view> with_value = {
-      "--model", "--cluster", "--layers", "--hidden", "--heads", "--kv-heads", "--ffn", "--seq", "--vocab", "--params", "--gpu",
-      "--gpus", "--gpus-per-node", "--nvlink-gbytes", "--network-gbits", "--oversubscription", "--global-batch",
-      "--global-batch-tokens", "--tokens", "--price", "--tp", "--pp", "--dp", "--cp", "--vp", "--micro-batch",
-      "--recompute", "--sharding", "--top", "--claim-days", "--validate", "--max-sharding", "--probe", "--hardware"};
-  static const std::vector<std::string_view> switches = {
-      "--swiglu", "--tied-embeddings", "--dropout", "--fp8", "--explain", "--json", "--uneven-stages", "--no-flash",
-      "--no-sequence-parallel", "--no-interleaving", "--no-context-parallel", "--no-overlap", "--help", "-h"};
-  arguments a;
-  for (int i = 1; i < argc; ++i) {
-    std::string_view arg = argv[i];
-    bool known = false;
-    for (std::string_view s : switches)
-      if (arg == s) a.flags[std::string(arg)] = known = true;
-    for (std::string_view v : with_value)
-      if (arg == v) {
-        if (i + 1 >= argc) bad_input(std::string(arg) + " needs a value");
-        a.values[std::string(arg)] = argv[++i];
-        known = true;
-      }
-    if (!known) bad_input("unknown option '" + std::string(arg) + "' (see --help)");
-  }
-  return a;
-}
-
-model_desc read_model(const arguments& a) {
-  model_desc m;
-  if (a.has("--model")) {
-    auto preset = model_preset(a.get("--model"));
-    if (!preset) bad_input("unknown model '" + a.get("--model") + "'; known: " + std::string(model_preset_names));
-    m = *preset;
-  }
-  if (a.has("--layers")) m.layers = parse_count("--layers", a.get("--layers"));
-  if (a.has("--hidden")) m.hidden = parse_count("--hidden", a.get("--hidden"));
-  if (a.has("--heads")) m.heads = parse_count("--heads", a.get("--heads"));
-  if (a.has("--kv-heads")) m.kv_heads = parse_count("--kv-heads", a.get("--kv-heads"));
-  if (a.has("--ffn")) m.ffn = parse_count("--ffn", a.get("--ffn"));
-  if (a.has("--seq")) m.seq = parse_count("--seq", a.get("--seq"));
-  if (a.has("--vocab")) m.vocab = parse_count("--vocab", a.get("--vocab"));
-  if (a.has("--params")) m.params = parse_number("--params", a.get("--params"));
-  if (a.flags.count("--swiglu")) m.swiglu = true;
-  if (a.flags.count("--tied-embeddings")) m.tied_embeddings = true;
-  if (a.flags.count("--dropout")) m.dropout = true;
-  try {
-    check_model(m);
-  } catch (const weft::error& e) {
-    bad_input(e.what());
-  }
-  return m;
-}
-
-/// The measured hardware of --hardware FILE, once read.
-std::optional<measured_hardware> read_measured(const arguments& a) {
-  if (!a.has("--hardware")) return std::nullopt;
-  if (a.has("--gpu") || a.has("--cluster")) bad_input("--hardware replaces --gpu and --cluster: give one of them");
-  try {
-    return read_hardware(a.get("--hardware"));
-  } catch (const weft::error& e) {
-    bad_input(e.what());
-  }
-}
-
-cluster_desc read_cluster(const arguments& a, const std::optional<measured_hardware>& measured) {
-  if (measured) {
-    cluster_desc c = cluster_of(*measured);
-    if (a.has("--gpus")) {
-      const int ranks = parse_count("--gpus", a.get("--gpus"));
-      if (ranks % c.node.gpus_per_node != 0)
-        bad_input("--gpus " + std::to_string(ranks) + " is not a whole number of the description's nodes of " +
-                  std::to_string(c.node.gpus_per_node) + " ranks");
-      c.nodes = ranks / c.node.gpus_per_node;
-    }
-    return c;
-  }
-  cluster_desc c;
-  if (a.has("--cluster")) {
-    if (a.get("--cluster") == "small") c = small_reference_cluster(1);
-    else if (a.get("--cluster") == "large") c = large_reference_cluster(1);
-    else bad_input("--cluster must be small or large, got '" + a.get("--cluster") + "'");
-  }
-  if (a.has("--gpu") || !a.has("--cluster")) {
-    if (!a.has("--gpu")) bad_input("--gpu is required; known: " + std::string(gpu_preset_names));
-    auto gpu = gpu_preset(a.get("--gpu"));
-    if (!gpu) bad_input("unknown GPU '" + a.get("--gpu") + "'; known: " + std::string(gpu_preset_names));
-    if (a.has("--cluster")) c.gpu = *gpu;
-    else c = dgx_cluster(*gpu, 1);
-  }
-  if (!a.has("--gpus")) bad_input("--gpus (the number of GPUs) is required");
-  const int gpus = parse_count("--gpus", a.get("--gpus"));
-  if (a.has("--gpus-per-node")) c.node.gpus_per_node = parse_count("--gpus-per-node", a.get("--gpus-per-node"));
-  if (gpus < c.node.gpus_per_node) c.node.gpus_per_node = gpus;  // a partial node
-  if (gpus % c.node.gpus_per_node != 0)
-    bad_input("--gpus " + std::to_string(gpus) + " is not a whole number of nodes of " +
-              std::to_string(c.node.gpus_per_node) + " GPUs; use " +
-              std::to_string(gpus / c.node.gpus_per_node * c.node.gpus_per_node) + " or " +
-              std::to_string((gpus / c.node.gpus_per_node + 1) * c.node.gpus_per_node));
-  c.nodes = gpus / c.node.gpus_per_node;
-  if (a.has("--nvlink-gbytes")) c.node.intra_bandwidth = parse_number("--nvlink-gbytes", a.get("--nvlink-gbytes")) * 1e9;
-  if (a.has("--network-gbits")) c.node.network_bandwidth = parse_number("--network-gbits", a.get("--network-gbits")) * 1e9 / 8;
-  if (a.has("--oversubscription")) c.oversubscription = parse_number("--oversubscription", a.get("--oversubscription"), 1);
-  if (c.node.intra_bandwidth <= 0 || c.node.network_bandwidth <= 0 || c.oversubscription < 1)
-    bad_input("bandwidths must be positive and oversubscription at least 1");
-  return c;
-}
-
-job_desc read_job(const arguments& a) {
-  job_desc j;
-  if (a.has("--global-batch")) j.global_batch = parse_count("--global-batch", a.get("--global-batch"));
-  if (a.has("--global-batch-tokens"))
-    j.global_batch_tokens = parse_number("--global-batch-tokens", a.get("--global-batch-tokens"));
-  if (j.global_batch <= 0 && j.global_batch_tokens <= 0)
-    bad_input("--global-batch (sequences per step) or --global-batch-tokens is required");
-  if (a.has("--tokens")) j.tokens = parse_number("--tokens", a.get("--tokens"));
-  if (a.has("--price")) j.price_per_gpu_hour = parse_number("--price", a.get("--price"));
-  if (a.flags.count("--fp8")) j.gemm_precision = precision::fp8;
-  return j;
-}
-
-search_options read_options(const arguments& a) {
-  search_options o;
-  if (a.has("--top")) o.top = std::min(parse_count("--top", a.get("--top")), 64);
-  o.allow_uneven_stages = a.flags.count("--uneven-stages") > 0;
-  software_desc& s = o.software;
-  s.flash_attention = !a.flags.count("--no-flash");
-  s.sequence_parallel = !a.flags.count("--no-sequence-parallel");
-  s.interleaved_schedule = !a.flags.count("--no-interleaving");
-  s.context_parallel = !a.flags.count("--no-context-parallel");
-  s.overlap_dp = !a.flags.count("--no-overlap");
-  if (a.has("--max-sharding")) {
-    auto sh = parse_sharding(a.get("--max-sharding"));
-    if (!sh) bad_input("--max-sharding must be none, optimizer, gradients or full");
-    s.max_sharding = *sh;
-  }
-  layout_constraint& f = o.fixed;
-  if (a.has("--tp")) f.tp = parse_count("--tp", a.get("--tp"));
-  if (a.has("--pp")) f.pp = parse_count("--pp", a.get("--pp"));
-  if (a.has("--dp")) f.dp = parse_count("--dp", a.get("--dp"));
-  if (a.has("--cp")) f.cp = parse_count("--cp", a.get("--cp"));
-  if (a.has("--vp")) f.vp = parse_count("--vp", a.get("--vp"));
-  if (a.has("--micro-batch")) f.micro_batch = parse_count("--micro-batch", a.get("--micro-batch"));
-  if (a.has("--recompute")) {
-    f.recompute_mode = parse_recompute(a.get("--recompute"));
-    if (!f.recompute_mode) bad_input("--recompute must be none, selective or full, got '" + a.get("--recompute") + "'");
-  }
-  if (a.has("--sharding")) {
-    f.sharding_mode = parse_sharding(a.get("--sharding"));
-    if (!f.sharding_mode) bad_input("--sharding must be none, optimizer, gradients or full");
-  }
-  return o;
+/// What to change when no layout fits. Sharding is named only when the search was kept from
+/// sharding fully (--max-sharding) and the closest layout does not: otherwise it cannot help.
+std::string no_fit_advice(const search_result& result, const search_options& options) {
+  const bool shards_fully = result.smallest && result.smallest->config.sharding_mode == sharding::full;
+  if (!shards_fully && options.software.max_sharding != sharding::full)
+    return "use more GPUs, a GPU with more memory, a smaller global batch or sequence, or allow sharding "
+           "(--max-sharding full)";
+  return "use more GPUs, a GPU with more memory, or a smaller global batch or sequence";
 }
 
 bool has_layout(const layout_constraint& f) {
@@ -272,12 +88,15 @@ void check_given_layout(const model_desc& m, const cluster_desc& c, const job_de
     if (higher <= c.node.gpus_per_node && higher != lower) hint += " or " + std::to_string(higher);
     bad_input("invalid layout: " + reason + "; " + hint);
   }
-  if (f.tp && f.pp && f.dp && f.tp * (f.cp ? f.cp : 1) * f.pp * f.dp != gpus) {
-    const int known = f.tp * (f.cp ? f.cp : 1) * f.pp;
-    std::string hint = gpus % known == 0 ? "; with these tp, cp and pp use --dp " + std::to_string(gpus / known)
-                                         : "; " + nearest_alternative(m, c, j, o);
-    bad_input("invalid layout: tp x cp x pp x dp = " + std::to_string(known * f.dp) + " but there are " +
-              std::to_string(gpus) + " GPUs" + hint);
+  // tp is at most a node here and cp, pp, dp at most 2^20 (plan_arguments.hpp): `known` fits in 64
+  // bits, and times dp too once it is at most the GPU count.
+  const std::int64_t known = std::int64_t{f.tp} * (f.cp ? f.cp : 1) * f.pp;
+  if (f.tp && f.pp && f.dp && !(known <= gpus && known * f.dp == gpus)) {
+    std::string hint = known <= gpus && gpus % known == 0
+                           ? "; with these tp, cp and pp use --dp " + std::to_string(gpus / known)
+                           : "; " + nearest_alternative(m, c, j, o);
+    const std::string product = known <= gpus ? std::to_string(known * f.dp) : "more than " + std::to_string(gpus);
+    bad_input("invalid layout: tp x cp x pp x dp = " + product + " but there are " + std::to_string(gpus) + " GPUs" + hint);
   }
   // Everything given: use the cost model's own rules for the precise reason.
   if (f.tp && f.pp && f.dp) {
@@ -336,7 +155,7 @@ int validate(const std::string& path) {
 
 int main(int argc, char** argv) {
   try {
-    const arguments a = parse(argc, argv);
+    const arguments a = weft_plan::parse(argc, argv);
     if (a.flags.count("--help") || a.flags.count("-h") || argc == 1) {
       std::fputs(usage, argc == 1 ? stderr : stdout);
       return argc == 1 ? exit_bad_input : 0;
@@ -369,7 +188,7 @@ int main(int argc, char** argv) {
       else
         message += ": no valid layout (check that the global batch divides by the data-parallel degree)";
       if (evaluating) message += "; " + nearest_alternative(model, cluster, job, options);
-      else message += "; use more GPUs, a GPU with more memory, a smaller global batch or sequence, or allow sharding";
+      else message += "; " + no_fit_advice(result, options);
       std::fprintf(stderr, "weft-plan: %s\n", message.c_str());
       return exit_no_fit;
     }
@@ -378,7 +197,7 @@ int main(int argc, char** argv) {
     double claim_days = 0;
     if (a.has("--claim-days")) {
       if (job.tokens <= 0) bad_input("--claim-days needs --tokens (the tokens the claim is about)");
-      claim_days = parse_number("--claim-days", a.get("--claim-days"));
+      claim_days = weft_plan::parse_number("--claim-days", a.get("--claim-days"), 1e-3, 1e6);
       claim = check_claim(model, cluster.gpu, gpu_count(cluster), job.tokens, claim_days, job.gemm_precision);
     }
     const plan& best = result.plans.front();
@@ -438,5 +257,8 @@ int main(int argc, char** argv) {
   } catch (const weft::error& e) {
     std::fprintf(stderr, "weft-plan: %s\n", e.what());
     return exit_bad_input;
+  } catch (const std::exception& e) {  // e.g. std::bad_alloc: one line, not an abort
+    std::fprintf(stderr, "weft-plan: %s\n", e.what());
+    return exit_failure;
   }
 }

@@ -13,8 +13,8 @@
 #include <weft/pipeline/schedules.hpp>
 #include <weft/pipeline/verify.hpp>
 
-#include "command_line.hpp"
 #include "json_output.hpp"
+#include "schedule_arguments.hpp"
 
 #include <cstdint>
 #include <cstdio>
@@ -33,93 +33,11 @@ namespace wp = weft::pipeline;
 constexpr int exit_refused = 1;
 constexpr int exit_usage = 2;
 
-constexpr std::string_view usage_text =
-    "usage: weft-schedule --schedule gpipe|1f1b|interleaved|zb-h1 --stages P --micro-batches M [--virtual V]\n"
-    "                     [--layers L] [--forward-cost F] [--backward-cost B] [--weight-cost W] [--comm-cost C] [--json]\n"
-    "\n"
-    "Prints each rank's actions of a pipeline schedule as a timeline (one row per stage, one cell per\n"
-    "time unit: F forward, B backward, W weight gradient, . idle; the digit under a cell is the\n"
-    "micro-batch), verified by simulation: makespan, bubble (idle time over stages x makespan) and\n"
-    "the peak of micro-batches in flight per stage. Costs are per action (per model chunk), in time\n"
-    "units: F=1, B=2 (the whole backward), W=B/2 (its weight-gradient part, run apart by zb-h1), C=0.\n"
-    "Exit status: 0 valid, 1 refused schedule or costs, 2 bad command line.\n";
-
-using weft_programs::parse_integer;
 using weft_programs::json_string;
 using weft_programs::json_strings;
 using weft_programs::usage_error;
-
-struct options {
-  wp::schedule_spec spec;
-  wp::costs costs;
-  bool json = false;
-  bool help = false;
-};
-
-options parse_arguments(int argc, char** argv) {
-  options opts;
-  bool have_schedule = false, have_stages = false, have_micro_batches = false, have_weight = false;
-  constexpr int int_max = std::numeric_limits<int>::max();
-  constexpr std::int64_t cost_max = std::int64_t{1} << 40;
-  for (int i = 1; i < argc; ++i) {
-    std::string_view arg = argv[i];
-    std::string_view flag = arg;
-    std::optional<std::string_view> inline_value;
-    if (auto eq = arg.find('='); arg.starts_with("--") && eq != std::string_view::npos) {
-      flag = arg.substr(0, eq);
-      inline_value = arg.substr(eq + 1);
-    }
-    auto value = [&]() -> std::string_view {
-      if (inline_value) return *inline_value;
-      if (i + 1 >= argc) throw usage_error(std::string(flag) + " needs a value");
-      return argv[++i];
-    };
-    auto flag_only = [&] {
-      if (inline_value) throw usage_error(std::string(flag) + " takes no value");
-    };
-    if (flag == "--help" || flag == "-h") {
-      flag_only();
-      opts.help = true;
-    } else if (flag == "--json") {
-      flag_only();
-      opts.json = true;
-    } else if (flag == "--schedule") {
-      const std::string_view name = value();
-      const std::optional<wp::schedule_kind> kind = wp::parse_schedule_kind(name);
-      if (!kind) throw usage_error("--schedule expects one of " + wp::schedule_kind_names() + ", not '" + std::string(name) + "'");
-      opts.spec.kind = *kind;
-      have_schedule = true;
-    } else if (flag == "--stages") {
-      opts.spec.stages = parse_integer(flag, value(), 1, 4096);
-      have_stages = true;
-    } else if (flag == "--micro-batches") {
-      opts.spec.micro_batches = parse_integer(flag, value(), 1, 65536);
-      have_micro_batches = true;
-    } else if (flag == "--virtual") {
-      opts.spec.virtual_stages = parse_integer(flag, value(), 1, 1024);
-    } else if (flag == "--layers") {
-      opts.spec.layers = parse_integer(flag, value(), 0, int_max);
-    } else if (flag == "--forward-cost") {
-      opts.costs.forward = parse_integer<std::int64_t>(flag, value(), 1, cost_max);
-    } else if (flag == "--backward-cost") {
-      opts.costs.backward = parse_integer<std::int64_t>(flag, value(), 1, cost_max);
-    } else if (flag == "--weight-cost") {
-      opts.costs.weight = parse_integer<std::int64_t>(flag, value(), 0, cost_max);
-      have_weight = true;
-    } else if (flag == "--comm-cost") {
-      opts.costs.comm = parse_integer<std::int64_t>(flag, value(), 0, cost_max);
-    } else {
-      throw usage_error("unknown option '" + std::string(arg) + "'");
-    }
-  }
-  if (opts.help) return opts;
-  // Left out, the weight gradient is half the backward, as when input and weight gradients cost alike.
-  if (!have_weight) opts.costs.weight = opts.costs.backward / 2;
-  if (!have_schedule) throw usage_error("--schedule is required: one of " + wp::schedule_kind_names());
-  if (!have_stages) throw usage_error("--stages is required: the pipeline-parallel size");
-  if (!have_micro_batches) throw usage_error("--micro-batches is required: the micro-batches per step");
-  return opts;
-}
+using weft_schedule::options;
+using weft_schedule::usage_text;
 
 std::string fixed(double value, int digits) {
   char buffer[64];
@@ -208,10 +126,13 @@ int report_problems(const options& opts, const std::vector<std::string>& problem
 int main(int argc, char** argv) {
   options opts;
   try {
-    opts = parse_arguments(argc, argv);
+    opts = weft_schedule::parse_arguments(argc, argv);
   } catch (const usage_error& e) {
     std::cerr << "weft-schedule: " << e.what() << "\n\n" << usage_text;
     return exit_usage;
+  } catch (const std::exception& e) {
+    std::cerr << "weft-schedule: error: " << e.what() << "\n";
+    return exit_refused;
   }
   if (opts.help) {
     std::cout << usage_text;
@@ -239,5 +160,8 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const weft::error& e) {
     return report_problems(opts, {e.what()});
+  } catch (const std::exception& e) {  // e.g. std::bad_alloc: one line, not an abort
+    std::cerr << "weft-schedule: error: " << e.what() << "\n";
+    return exit_refused;
   }
 }

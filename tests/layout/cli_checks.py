@@ -5,8 +5,10 @@ usage: cli_checks.py PATH/TO/weft-layout
 """
 
 import json
+import re
 import subprocess
 import sys
+import time
 
 REQUIRED_GROUPS = ["tp", "cp", "ep", "dp", "pp", "tp-pp", "tp-cp", "dp-cp", "tp-dp-cp", "embedding"]
 
@@ -109,6 +111,48 @@ def main():
         code, out, err = run(binary, *args)
         expect(code == 2, f"{' '.join(args)}: exit {code}, expected 2")
         expect(message in err and "usage:" in err, f"{' '.join(args)}: stderr lacks '{message}': {err.strip()}")
+
+    # A world too large to lay out ends in one line and exit 1, not std::bad_alloc (exit 134).
+    start = time.monotonic()
+    code, out, err = run(binary, "--world-size", "2147483647")
+    expect(code == 1 and err.count("\n") == 1 and "world size 2147483647 is more than the 1048576 ranks" in err,
+           f"--world-size 2147483647: exit {code}, stderr {err.strip()!r}")
+    expect(time.monotonic() - start < 10, "--world-size 2147483647 takes over 10 s")
+    # Sizes that would overflow pp x virtual stages are refused with the flag and the range.
+    code, out, err = run(binary, "--world-size", "16", "--pp", "4", "--layers", "8", "--virtual-stages", "2147483647")
+    expect(code == 1 and "--virtual-stages 2147483647 is out of range: give 1 to 1048576" in err,
+           f"--virtual-stages 2147483647: exit {code}, {err.strip()!r}")
+
+    # Misspelt options get the nearest spelling.
+    for wrong, right in [("--word-size", "--world-size"), ("--virtual-stage", "--virtual-stages"), ("--jsn", "--json"),
+                         ("--seq-len", "--seq-length")]:
+        code, out, err = run(binary, wrong, "8")
+        expect(code == 2 and f"unknown option '{wrong}'; did you mean '{right}'?" in err, f"{wrong}: {err.strip()!r}")
+    code, out, err = run(binary, "--world-size", "8", "--frobnicate")
+    expect("did you mean" not in err, f"--frobnicate gets a suggestion: {err.strip()!r}")
+
+    # Every numeric flag, given 0, -1, a huge value or a non-number: an exit status (1 for a value
+    # out of range, 2 for a non-number), never a signal or a hang, and a first line naming the flag.
+    accepts_zero = {"--rank", "--heads", "--kv-heads", "--layers", "--experts", "--seq-length"}
+    for flag in ["--world-size", "--tp", "--cp", "--ep", "--pp", "--dp", "--expert-tp", "--gpus-per-node", "--rank",
+                 "--heads", "--kv-heads", "--layers", "--virtual-stages", "--experts", "--seq-length"]:
+        too_large = "2000000000000" if flag == "--seq-length" else "2147483647"  # past 2^40, past int
+        for value in ["0", "-1", "99999999999999999999", too_large, "1e300", "x"]:
+            args = ["--world-size", "16", flag, value] if flag != "--world-size" else [flag, value]
+            start = time.monotonic()
+            code, out, err = run(binary, *args)
+            name = " ".join(args)
+            expect(time.monotonic() - start < 10, f"{name}: over 10 s")
+            expect(code in (0, 1, 2), f"{name}: exit {code} (a signal?)")
+            if value == "0" and flag in accepts_zero:
+                expect(code == 0, f"{name}: exit {code}, 0 is valid")
+                continue
+            expect(code in (1, 2), f"{name}: accepted")
+            first = err.splitlines()[0] if err else ""
+            expect(first.startswith("weft-layout:") and re.search(flag.lstrip("-").replace("-", "[- ]"), first),
+                   f"{name}: first line does not name the flag: {first!r}")
+            if code == 1:
+                expect(err.count("\n") == 1, f"{name}: more than one line: {err!r}")
 
     # --flag=value spelling.
     code, out, err = run(binary, "--world-size=8", "--tp=2", "--json")

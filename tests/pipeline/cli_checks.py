@@ -8,6 +8,7 @@ import json
 import random
 import subprocess
 import sys
+import time
 
 FIELDS = ["schedule", "stages", "micro_batches", "virtual", "makespan", "bubble_fraction", "peak_in_flight",
           "deadlock_free", "actions"]
@@ -140,6 +141,46 @@ def main():
         code, out, err = run(binary, *args)
         expect(code == 2, f"{args}: exit {code}, expected 2")
         expect(message in err and "usage:" in err, f"{args}: stderr lacks '{message}': {err.strip()}")
+
+    # A table too large to build is refused at once, naming the limit (it ran past 60 s, allocating).
+    start = time.monotonic()
+    code, out, err = run(binary, "--schedule", "interleaved", "--stages", 4096, "--micro-batches", 65536, "--virtual", 1024)
+    expect(code == 2 and "= 549755813888 actions, more than the 2097152 weft-schedule builds" in err,
+           f"huge interleaved schedule: exit {code}, {err.splitlines()[:1]}")
+    expect(time.monotonic() - start < 5, "huge interleaved schedule not refused within 5 s")
+    # The limit counts ZB-H1's weight passes: 64 x 10923 x 3 is just over it. (Just under it, the
+    # schedule takes seconds, longer under the sanitizers: docs/parallelism.md has the times.)
+    code, out, err = run(binary, "--schedule", "zb-h1", "--stages", 64, "--micro-batches", 10923)
+    expect(code == 2 and "x 3 passes = 2097216 actions, more than the 2097152" in err,
+           f"zb-h1 64 x 10923: exit {code}, {err.splitlines()[:1]}")
+
+    # Misspelt options and schedule names get the nearest spelling.
+    for args, message in [
+        (["--schedule", "1F1B", "--stages", 4, "--micro-batches", 8], "did you mean '1f1b'?"),
+        (["--schedule", "zbh1", "--stages", 4, "--micro-batches", 8], "did you mean 'zb-h1'?"),
+        (["--schedule", "1f1b", "--stage", 4, "--micro-batches", 8], "unknown option '--stage'; did you mean '--stages'?"),
+        (["--schedule", "1f1b", "--stages", 4, "--microbatches", 8], "did you mean '--micro-batches'?"),
+    ]:
+        code, out, err = run(binary, *args)
+        expect(code == 2 and message in err, f"{args}: exit {code}, {err.splitlines()[:1]}")
+
+    # Every numeric flag, given 0, -1, a huge value or a non-number: exit 2 with a first line that
+    # names the flag and its range, never a signal or a hang.
+    accepts_zero = {"--layers", "--weight-cost", "--comm-cost"}
+    for flag in ["--stages", "--micro-batches", "--virtual", "--layers", "--forward-cost", "--backward-cost",
+                 "--weight-cost", "--comm-cost"]:
+        for value in ["0", "-1", "99999999999999999999", "1e300", "x"]:
+            args = ["--schedule", "1f1b", "--stages", 4, "--micro-batches", 8, flag, value]
+            start = time.monotonic()
+            code, out, err = run(binary, *args)
+            name = f"{flag} {value}"
+            expect(time.monotonic() - start < 10, f"{name}: over 10 s")
+            if value == "0" and flag in accepts_zero:
+                expect(code == 0, f"{name}: exit {code}, 0 is valid")
+                continue
+            first = err.splitlines()[0] if err else ""
+            expect(code == 2 and first.startswith(f"weft-schedule: {flag} expects an integer from"),
+                   f"{name}: exit {code}, first line {first!r}")
 
     for failure in failures:
         print("FAIL:", failure)

@@ -3,8 +3,12 @@
 Usage: check_weft_plan.py path/to/weft-plan
 """
 import json
+import os
+import re
 import subprocess
 import sys
+import tempfile
+import time
 
 PLAN = sys.argv[1]
 failures = []
@@ -91,6 +95,84 @@ r = run(*LLAMA7, "--gpu", "H100", "--gpus", "12", "--global-batch", "64")
 check(r.returncode == 2 and "whole number of nodes" in r.stderr, "partial nodes")
 r = run("--layers", "32", "--gpu", "H100", "--gpus", "8", "--global-batch", "64")
 check(r.returncode == 2 and "hidden" in r.stderr, "missing model fields")
+
+
+# Nothing fits although the closest layout already shards fully: sharding is not advised.
+r = run("--model", "llama3-405b", "--gpu", "A100-40GB", "--gpus", "16", "--global-batch", "64")
+check(r.returncode == 3 and "allow sharding" not in r.stderr and "sharding=full" in r.stderr,
+      f"fully sharded closest layout, yet sharding advised: {r.stderr!r}")
+# Sharding kept below full by --max-sharding: then it is advised, with the flag.
+r = run("--model", "llama3-405b", "--gpu", "A100-40GB", "--gpus", "8", "--global-batch", "64", "--max-sharding", "none")
+check(r.returncode == 3 and "or allow sharding (--max-sharding full)" in r.stderr, f"--max-sharding none: {r.stderr!r}")
+
+# Misspelt options and names get the nearest spelling.
+for args, message in [
+    (("--model", "llama2-7b", "--explian"), "unknown option '--explian'; did you mean '--explain'?"),
+    (("--model", "llama2-7b", "--gpu", "H100", "--gpus", "8", "--global-batch", "64", "--globalbatch", "8"),
+     "did you mean '--global-batch'?"),
+    (("--model", "Llama2-7B", "--gpu", "H100"), "did you mean 'llama2-7b'?"),
+    (("--model", "llama2-7b", "--gpu", "A100-80G", "--gpus", "8"), "unknown GPU 'A100-80G'; did you mean 'A100-80GB'?"),
+    (("--model", "llama2-7b", "--gpu", "H100", "--gpus", "8", "--global-batch", "64", "--recompute", "selctive"),
+     "did you mean 'selective'?"),
+]:
+    r = run(*args)
+    check(r.returncode == 2 and message in r.stderr, f"{args}: {r.stderr!r}")
+
+# A hardware file whose counts are not whole numbers, or do not fit an int, is refused by name
+# (0.5 ranks per node truncated to 0, and weft-plan died of SIGFPE dividing by it).
+with tempfile.TemporaryDirectory() as folder:
+    valid = {"format": "weft.hardware.v1", "name": "test", "ranks_per_node": 2, "nodes": 1, "memory_bytes": 8e9,
+             "memory_bandwidth": 1e10, "gemm_peak_flops": 5e10, "gemm_half_size": 64,
+             "gemm_samples": [[64, 2.5e10], [1024, 5e10]],
+             "intra_node": {"all_reduce": 3e9, "all_gather": 3e9, "reduce_scatter": 3e9, "latency": 2e-6},
+             "across_nodes": {"all_reduce": 3e9, "all_gather": 3e9, "reduce_scatter": 3e9, "latency": 2e-6},
+             "p2p": {"bandwidth": 5e9, "latency": 1e-6}, "cpus_per_node": 2}
+    for field, value, message in [
+        ("ranks_per_node", 0.5, "'ranks_per_node' must be a whole number from 1 to 1048576, not 0.5"),
+        ("ranks_per_node", 1e300, "'ranks_per_node' must be a whole number from 1 to 1048576, not 1e+300"),
+        ("nodes", 1e300, "'nodes' must be a whole number from 1 to 1048576, not 1e+300"),
+        ("nodes", 4096, "2 ranks per node x 4096 nodes is more than 1048576 ranks"),
+        ("cpus_per_node", 2.5, "'cpus_per_node' must be a whole number from 0 to 1048576, not 2.5"),
+    ]:
+        description = dict(valid, **{field: value})
+        if field == "nodes" and value == 4096:
+            description["ranks_per_node"] = 1024
+            message = "1024 ranks per node x 4096 nodes is more than 1048576 ranks"
+        path = os.path.join(folder, "hw.json")
+        with open(path, "w") as f:
+            json.dump(description, f)
+        r = run("--model", "llama2-7b", "--hardware", path, "--gpus", "8", "--global-batch", "64")
+        check(r.returncode == 2 and message in r.stderr and r.stderr.count("\n") == 1,
+              f"hardware {field}={value}: exit {r.returncode}, {r.stderr!r}")
+    path = os.path.join(folder, "hw.json")
+    with open(path, "w") as f:
+        json.dump(valid, f)
+    r = run("--model", "llama2-7b", "--hardware", path, "--gpus", "8", "--global-batch", "64", "--json")
+    check(r.returncode in (0, 3), f"valid hardware file: exit {r.returncode}, {r.stderr!r}")
+
+# Every numeric flag, given 0, -1, huge values or a non-number: exit 2 with one line naming the
+# flag and its range, never a signal or a hang.
+accepts_zero = {"--params", "--tokens", "--price"}
+base = {"--layers": "32", "--hidden": "4096", "--heads": "32", "--seq": "4096", "--vocab": "32000", "--gpu": "H100",
+        "--gpus": "8", "--global-batch": "64"}
+for flag in ["--layers", "--hidden", "--heads", "--kv-heads", "--ffn", "--seq", "--vocab", "--params", "--gpus",
+             "--gpus-per-node", "--nvlink-gbytes", "--network-gbits", "--oversubscription", "--global-batch",
+             "--global-batch-tokens", "--tokens", "--price", "--tp", "--pp", "--dp", "--cp", "--vp", "--micro-batch",
+             "--top", "--claim-days"]:
+    for value in ["0", "-1", "99999999999999999999", "1e300", "x"]:
+        args = dict(base, **{flag: value})
+        if flag == "--claim-days":
+            args["--tokens"] = "1T"
+        argv = [w for item in args.items() for w in item]
+        start = time.monotonic()
+        r = run(*argv)
+        name = f"{flag} {value}"
+        check(time.monotonic() - start < 20, f"{name}: over 20 s")
+        if value == "0" and flag in accepts_zero:
+            check(r.returncode == 0, f"{name}: exit {r.returncode}, 0 is valid: {r.stderr!r}")
+            continue
+        check(r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith(f"weft-plan: {flag} "),
+              f"{name}: exit {r.returncode}, {r.stderr!r}")
 
 if failures:
     print("FAILED:\n  " + "\n  ".join(failures))

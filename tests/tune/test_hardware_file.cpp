@@ -122,3 +122,26 @@ TEST_CASE("ranks that share cores lend them while idle in the pipeline bubble") 
   CHECK(shared4.time.bubble > 0);
   CHECK(shared4.time.bubble < own4.time.bubble);
 }
+
+TEST_CASE("counts in a hardware description are whole numbers in range, and measurements finite") {
+  const std::string text = to_json(sample_hardware());
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string changed = text;
+    REQUIRE(changed.find(from) != std::string::npos);
+    return changed.replace(changed.find(from), from.size(), to);
+  };
+  // 0.5 ranks per node passed a positivity check, became 0, and weft-plan divided by it.
+  CHECK_THROWS_WITH(parse_hardware(with("\"ranks_per_node\": 4", "\"ranks_per_node\": 0.5")),
+                    Catch::Contains("'ranks_per_node' must be a whole number from 1 to 1048576, not 0.5"));
+  // 1e300 does not fit an int: converting it was undefined behaviour.
+  CHECK_THROWS_WITH(parse_hardware(with("\"nodes\": 2", "\"nodes\": 1e300")),
+                    Catch::Contains("'nodes' must be a whole number from 1 to 1048576, not 1e300"));
+  CHECK_THROWS_WITH(parse_hardware(with("\"nodes\": 2", "\"nodes\": 1048576")),
+                    Catch::Contains("4 ranks per node x 1048576 nodes is more than 1048576 ranks"));
+  CHECK_THROWS_WITH(parse_hardware(with("\"cpus_per_node\": 0", "\"cpus_per_node\": 1.5")),
+                    Catch::Contains("'cpus_per_node' must be a whole number from 0 to 1048576"));
+  // A number too large for a double reads as infinity: not a measurement.
+  CHECK_THROWS_WITH(parse_hardware(with("\"gemm_peak_flops\": 1e+09", "\"gemm_peak_flops\": 1e999")),
+                    Catch::Contains("'gemm_peak_flops' must be a positive number, not 1e999"));
+  CHECK(parse_hardware(with("\"nodes\": 2", "\"nodes\": 262144")).nodes == 262144);  // 4 x 262144 = 2^20: the limit
+}

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -152,7 +153,12 @@ inline std::string to_json(const measured_hardware& hw) {
   return o;
 }
 
-/// Parses a hardware description; throws weft::error naming the missing or wrong field.
+/// The most ranks a hardware description may describe (ranks_per_node x nodes), and the bound
+/// on each count in it.
+inline constexpr int max_hardware_ranks = 1 << 20;
+
+/// Parses a hardware description; throws weft::error naming the missing or wrong field, or the
+/// range a count must lie in.
 inline measured_hardware parse_hardware(std::string_view text, const std::string& origin = "hardware description") {
   using weft::detail::json_value;
   using kind = json_value::kind;
@@ -170,9 +176,18 @@ inline measured_hardware parse_hardware(std::string_view text, const std::string
   };
   auto positive = [&](const json_value& o, const std::string& name, const std::string& where = "") {
     const json_value& v = field(o, name, where);
-    if (v.type != kind::number || !(weft::detail::number_value(v) > 0))
-      fail("tune: " + origin + ": '" + where + name + "' must be a positive number");
+    if (v.type != kind::number || !(weft::detail::number_value(v) > 0) || !std::isfinite(weft::detail::number_value(v)))
+      fail("tune: " + origin + ": '" + where + name + "' must be a positive number, not " +
+           (v.type == kind::number ? v.text : std::string(weft::detail::describe(v.type))));
     return weft::detail::number_value(v);
+  };
+  // Counts are integers: 0.5 ranks per node would truncate to 0 (and divide by it), 1e300 would
+  // not fit an int.
+  auto whole = [&](const json_value& v, const std::string& name, int low, int high) {
+    if (v.type != kind::number || !v.integer || *v.integer < low || *v.integer > high)
+      fail("tune: " + origin + ": '" + name + "' must be a whole number from " + std::to_string(low) + " to " +
+           std::to_string(high) + ", not " + (v.type == kind::number ? v.text : std::string(weft::detail::describe(v.type))));
+    return static_cast<int>(*v.integer);
   };
   const json_value& o = doc;
   const json_value& format = field(o, "format", "");
@@ -180,19 +195,23 @@ inline measured_hardware parse_hardware(std::string_view text, const std::string
     fail("tune: " + origin + " is not a weft.hardware.v1 description (field 'format')");
   measured_hardware hw;
   if (const json_value* name = weft::detail::find_member(o, "name"); name && name->type == kind::string) hw.name = name->text;
-  hw.ranks_per_node = static_cast<int>(positive(o, "ranks_per_node"));
-  hw.nodes = static_cast<int>(positive(o, "nodes"));
+  hw.ranks_per_node = whole(field(o, "ranks_per_node", ""), "ranks_per_node", 1, max_hardware_ranks);
+  hw.nodes = whole(field(o, "nodes", ""), "nodes", 1, max_hardware_ranks);
+  if (static_cast<std::int64_t>(hw.ranks_per_node) * hw.nodes > max_hardware_ranks)
+    fail("tune: " + origin + ": " + std::to_string(hw.ranks_per_node) + " ranks per node x " + std::to_string(hw.nodes) +
+         " nodes is more than " + std::to_string(max_hardware_ranks) + " ranks");
   hw.memory_bytes = positive(o, "memory_bytes");
   hw.memory_bandwidth = positive(o, "memory_bandwidth");
   hw.gemm_peak_flops = positive(o, "gemm_peak_flops");
   const json_value& half = field(o, "gemm_half_size", "");
-  if (half.type != kind::number || weft::detail::number_value(half) < 0)
+  if (half.type != kind::number || !(weft::detail::number_value(half) >= 0) || !std::isfinite(weft::detail::number_value(half)))
     fail("tune: " + origin + ": 'gemm_half_size' must be a number >= 0");
   hw.gemm_half_size = weft::detail::number_value(half);
   if (const json_value* samples = weft::detail::find_member(o, "gemm_samples"); samples && samples->type == kind::array)
     for (const json_value& s : samples->items)
       if (s.type == kind::array && s.items.size() == 2 && s.items[0].type == kind::number &&
-          s.items[1].type == kind::number)
+          s.items[1].type == kind::number && std::isfinite(weft::detail::number_value(s.items[0])) &&
+          std::isfinite(weft::detail::number_value(s.items[1])))
         hw.gemm_samples.push_back({weft::detail::number_value(s.items[0]), weft::detail::number_value(s.items[1])});
   auto link = [&](const std::string& name) {
     const json_value& l = field(o, name, "");
@@ -207,20 +226,25 @@ inline measured_hardware parse_hardware(std::string_view text, const std::string
   hw.p2p_bandwidth = positive(p2p, "bandwidth", "p2p.");
   hw.p2p_latency = positive(p2p, "latency", "p2p.");
   if (const json_value* cpus = weft::detail::find_member(o, "cpus_per_node")) {
-    if (cpus->type != kind::number || weft::detail::number_value(*cpus) < 0)
-      fail("tune: " + origin + ": 'cpus_per_node' must be a number >= 0 (0: unknown)");
-    hw.cpus_per_node = static_cast<int>(weft::detail::number_value(*cpus));
+    hw.cpus_per_node = whole(*cpus, "cpus_per_node", 0, max_hardware_ranks);
   }
   return hw;
 }
 
 /// Reads a hardware description written by `weft-plan --probe`.
 inline measured_hardware read_hardware(const std::string& path) {
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   if (!in) fail("tune: cannot open hardware description '" + path + "'; write one with weft-plan --probe " + path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return parse_hardware(text.str(), "'" + path + "'");
+  // A description is about a kilobyte: stop reading long before something like /dev/zero fills memory.
+  constexpr std::size_t max_bytes = std::size_t{1} << 24;
+  std::string text;
+  char buffer[1 << 16];
+  while (in.read(buffer, sizeof buffer) || in.gcount() > 0) {
+    text.append(buffer, static_cast<std::size_t>(in.gcount()));
+    if (text.size() > max_bytes)
+      fail("tune: '" + path + "' is more than " + std::to_string(max_bytes) + " bytes: not a hardware description");
+  }
+  return parse_hardware(text, "'" + path + "'");
 }
 
 }  // namespace weft::tune
