@@ -286,8 +286,10 @@ class trainer {
       if (saved != r_.global_batch && !o_.global_batch_given)
         throw input_error("the checkpoint '" + path + "' was trained with a global batch of " + std::to_string(saved) +
                           " sequences per step, but this run's default is " + std::to_string(r_.global_batch) +
-                          " (dp " + std::to_string(r_.degrees().dp) + " x micro-batch " +
-                          std::to_string(r_.choice.micro_batch) + "): give --global-batch " + std::to_string(saved) +
+                          (o_.plan ? std::string(" (--plan's: 2 x the ranks)")
+                                   : " (dp " + std::to_string(r_.degrees().dp) + " x micro-batch " +
+                                         std::to_string(r_.choice.micro_batch) + ")") +
+                          ": give --global-batch " + std::to_string(saved) +
                           " to continue the same run, or --global-batch " + std::to_string(r_.global_batch) +
                           " to change it on purpose");
     }
