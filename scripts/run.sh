@@ -4,7 +4,9 @@
 # minute; every step prints its loss), and ends with the cluster health check's verdict on the
 # same ranks. The ranks are launched with srun under a private single-node Slurm where one starts
 # here (scripts/private_slurm.py), with mpirun otherwise.
-# Usage: scripts/run.sh [train_gpt flags...]    Environment: RANKS (default 4), STEPS (120), BUILD_DIR.
+# The checkpoint (and the hardware description the tuner used) are kept in $BUILD_DIR/run-output/.
+# Usage: scripts/run.sh [train_gpt flags...]    Environment: RANKS (default 4), STEPS (120), BUILD_DIR
+# (default build/run; an existing build tree is built as it is configured).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${BUILD_DIR:-$root/build/run}"
@@ -16,10 +18,14 @@ export OMPI_MCA_oob_tcp_if_include=lo OMPI_MCA_btl_tcp_if_include=lo NCCL_SOCKET
 # One BLAS thread per rank; with more ranks than cores, waiting ranks yield the core.
 export OPENBLAS_NUM_THREADS=1
 if [ "$ranks" -gt "$(nproc)" ]; then export OMPI_MCA_mpi_yield_when_idle=1; fi
-cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DWEFT_BUILD_TESTS=OFF >/dev/null
+if [ ! -f "$build/CMakeCache.txt" ]; then
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DWEFT_BUILD_TESTS=OFF >/dev/null
+fi
 cmake --build "$build" --parallel "$(nproc)" --target train_gpt weft-plan health_check
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
+output="$build/run-output"
+mkdir -p "$output"
 model=(--layers 4 --hidden 128 --heads 4 --seq 128 --vocab 256)
 
 # The job itself, given the launcher's command for $ranks ranks.
@@ -28,10 +34,11 @@ set -euo pipefail
 launch=(\$LAUNCH)
 echo "== launching with: \$LAUNCH"
 echo "== measuring these $ranks ranks (weft-plan --probe): GEMMs at the model's shapes, collectives, p2p"
-"\${launch[@]}" "$build/examples/weft_plan/weft-plan" --probe "$work/hardware.json" ${model[*]} --tied-embeddings --global-batch 16 >/dev/null
+"\${launch[@]}" "$build/examples/weft_plan/weft-plan" --probe "$output/hardware.json" ${model[*]} --tied-embeddings --global-batch 16 >/dev/null
 echo "== train_gpt on $ranks ranks in the tuner's layout, $steps steps"
-"\${launch[@]}" "$build/examples/train_gpt/train_gpt" ${model[*]} --positions 128 --plan --hardware "$work/hardware.json" \
-  --global-batch 16 --steps $steps --lr 2e-3 --warmup 5 --save "$work/gpt.safetensors" $*
+"\${launch[@]}" "$build/examples/train_gpt/train_gpt" ${model[*]} --positions 128 --plan --hardware "$output/hardware.json" \
+  --global-batch 16 --steps $steps --lr 2e-3 --warmup 5 --save "$output/gpt.safetensors" $*
+echo "== checkpoint: $output/gpt.safetensors (the model) and $output/gpt.safetensors.optimizer; resume with --resume"
 echo "== cluster health check on the same $ranks ranks"
 # The default thresholds are the reference for 512 MiB across 64 H100 on InfiniBand; a CPU box
 # moving 64 MiB through shared memory is judged by its own, much slower, yardstick.

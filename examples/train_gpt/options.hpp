@@ -26,7 +26,8 @@ model
   --seq N                tokens per training sequence (at most --positions)
   --init-from FILE       shape from FILE's metadata (GPT-2 config names) and weights from FILE
 run
-  --steps N              optimizer steps (default 20)
+  --steps N              optimizer steps in all, counted from step 0: a run resumed at step S trains
+                         steps S+1..N (default 20)
   --lr X                 AdamW learning rate (default 1e-3), --warmup N steps of linear warm-up (0)
   --beta1 X --beta2 X --eps X --weight-decay X   AdamW (0.9, 0.95, 1e-8, 0.1)
   --seed N               initialisation and data order (default 1234)
@@ -55,7 +56,8 @@ checkpoints and checks
   --save FILE            write the model to FILE (safetensors, GPT-2 names) and the optimizer state and
                          data position to FILE's name + ".optimizer" (asynchronously; atomic rename)
   --save-every N         also every N steps (default: at the end only)
-  --resume FILE          continue from a checkpoint written by --save (same layout: bit-exact)
+  --resume FILE          continue from a checkpoint written by --save (same layout: bit-exact); a global
+                         batch other than the checkpoint's needs --global-batch
   --dump-grads FILE      with --steps 1: the first step's gradients (whole tensors, GPT-2 names), input_ids,
                          labels and loss, in safetensors
   --log-json FILE        one JSON object per step
@@ -79,6 +81,7 @@ struct options {
   bool sequence_parallel = false;
   int micro_batch = 1;
   int global_batch = 0;
+  bool global_batch_given = false;  // --global-batch was on the command line (a resume may then change it)
   bool zero1 = false;
   /// zero2 (gradients), zero3 and hsdp (full) run weft::fsdp; none and zero1 the synchronizer.
   weft::tune::sharding sharding = weft::tune::sharding::none;
@@ -115,6 +118,8 @@ inline options parse_options(int argc, char** argv) {
   options o;
   std::optional<std::string> model_name;
   std::vector<std::pair<std::string, std::string>> fields;
+  bool zero1_flag = false, overlap_flag = false, bucket_flag = false;
+  std::optional<std::string> sharding_flag;
   for (int i = 1; i < argc; ++i) {
     const std::string_view flag = argv[i];
     auto value = [&]() -> std::string {
@@ -146,10 +151,11 @@ inline options parse_options(int argc, char** argv) {
     else if (flag == "--schedule") o.schedule = value();
     else if (flag == "--sequence-parallel") o.sequence_parallel = true;
     else if (flag == "--micro-batch") o.micro_batch = integer(1, 1 << 20);
-    else if (flag == "--global-batch") o.global_batch = integer(1, 1 << 30);
-    else if (flag == "--zero1") o.zero1 = true, o.sharding = weft::tune::sharding::optimizer;
+    else if (flag == "--global-batch") o.global_batch = integer(1, 1 << 30), o.global_batch_given = true;
+    else if (flag == "--zero1") o.zero1 = true, zero1_flag = true;
     else if (flag == "--sharding") {
       const std::string level = value();
+      sharding_flag = level;
       if (level == "none") o.sharding = weft::tune::sharding::none;
       else if (level == "zero1") o.sharding = weft::tune::sharding::optimizer;
       else if (level == "zero2") o.sharding = weft::tune::sharding::gradients;
@@ -159,8 +165,8 @@ inline options parse_options(int argc, char** argv) {
       o.hybrid = level == "hsdp";
     }
     else if (flag == "--ranks-per-node") o.ranks_per_node = integer(1, 1 << 20);
-    else if (flag == "--no-overlap") o.overlap = false;
-    else if (flag == "--bucket-mb") o.bucket_mb = real(0.001, 1 << 20);
+    else if (flag == "--no-overlap") o.overlap = false, overlap_flag = true;
+    else if (flag == "--bucket-mb") o.bucket_mb = real(0.001, 1 << 20), bucket_flag = true;
     else if (flag == "--hardware") o.hardware = value();
     else if (flag == "--plan") o.plan = true;
     else if (flag == "--save") o.save = value();
@@ -183,6 +189,26 @@ inline options parse_options(int argc, char** argv) {
   if (o.plan && !o.hardware)
     throw usage_error("--plan needs --hardware FILE, a description of these ranks: measure it first with "
                       "`weft-plan --probe FILE` under the same launcher and ranks");
+  // Flags that contradict each other are refused: quietly running one of them would train
+  // something other than what the command line says.
+  if (zero1_flag && sharding_flag && *sharding_flag != "zero1")
+    throw usage_error("--zero1 is --sharding zero1, but --sharding " + *sharding_flag +
+                      " asks for another level: give one of them");
+  if (zero1_flag) o.zero1 = true, o.hybrid = false, o.sharding = weft::tune::sharding::optimizer;
+  if (o.sequence_parallel && o.tp == 1)
+    throw usage_error("--sequence-parallel splits the tokens over the tp group, but --tp is 1: give --tp 2 or more, "
+                      "or drop --sequence-parallel");
+  const bool fully_sharded = o.sharding == weft::tune::sharding::gradients || o.sharding == weft::tune::sharding::full;
+  if (fully_sharded && (overlap_flag || bucket_flag))
+    throw usage_error(std::string(overlap_flag ? "--no-overlap" : "--bucket-mb") + " sets the gradient buckets of "
+                      "--sharding none and zero1; zero2, zero3 and hsdp reduce-scatter each unit's gradients after its "
+                      "backward instead: drop it, or choose --sharding none or zero1");
+  if (o.save_every > 0 && !o.save)
+    throw usage_error("--save-every " + std::to_string(o.save_every) + " saves to the file given by --save, and "
+                      "there is none: add --save FILE");
+  if (o.resume && o.init_from)
+    throw usage_error("--resume continues a checkpoint (its weights, optimizer state and step) and --init-from "
+                      "starts from a file's weights: give one of them");
   if (model_name) {
     auto m = named_model(*model_name);
     if (!m) throw usage_error("--model '" + *model_name + "' is not a known shape; known: " + std::string(model_names));

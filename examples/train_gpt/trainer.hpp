@@ -259,16 +259,40 @@ class trainer {
     const weft::checkpoint::checkpoint_file s = read_checked(opt);
     expect_model_tensors(s, opt, index_, "exp_avg.");
     expect_model_tensors(s, opt, index_, "exp_avg_sq.");
-    auto number = [&](const char* key) {
+    auto number = [&](const char* key) -> std::int64_t {
       auto it = s.metadata.find(key);
       if (it == s.metadata.end())
         throw input_error("optimizer state '" + opt + "' has no '" + key + "' in its metadata: re-save the checkpoint");
-      return std::stoll(it->second);
+      try {
+        return std::stoll(it->second);
+      } catch (const std::exception&) {
+        throw input_error("optimizer state '" + opt + "': metadata " + key + " = '" + it->second +
+                          "' is not a number; re-save the checkpoint");
+      }
     };
     step_ = number("step");
     if (static_cast<std::uint64_t>(number("seed")) != o_.seed)
       throw input_error("the checkpoint was trained with --seed " + s.metadata.at("seed") + " (its data order), not " +
                         std::to_string(o_.seed) + ": resume with --seed " + s.metadata.at("seed"));
+    if (step_ >= o_.steps)
+      throw input_error("the checkpoint '" + path + "' is at step " + std::to_string(step_) + " and --steps " +
+                        std::to_string(o_.steps) + " counts every step from the start, the checkpoint's included: "
+                        "nothing is left to train; give --steps " + std::to_string(step_ + 1) +
+                        " or more to go on");
+    // The global batch is part of what a run trains on; its default follows dp, so resuming on
+    // another layout would quietly change it. Checkpoints from before it was recorded cannot be checked.
+    if (s.metadata.count("global_batch") != 0) {
+      const std::int64_t saved = number("global_batch");
+      if (saved != r_.global_batch && !o_.global_batch_given)
+        throw input_error("the checkpoint '" + path + "' was trained with a global batch of " + std::to_string(saved) +
+                          " sequences per step, but this run's default is " + std::to_string(r_.global_batch) +
+                          (o_.plan ? std::string(" (--plan's: 2 x the ranks)")
+                                   : " (dp " + std::to_string(r_.degrees().dp) + " x micro-batch " +
+                                         std::to_string(r_.choice.micro_batch) + ")") +
+                          ": give --global-batch " + std::to_string(saved) +
+                          " to continue the same run, or --global-batch " + std::to_string(r_.global_batch) +
+                          " to change it on purpose");
+    }
     for (const char* prefix : {"exp_avg.", "exp_avg_sq."}) {
       const bool first = std::string(prefix) == "exp_avg.";
       std::vector<float> packed;
@@ -368,7 +392,9 @@ class trainer {
 
     std::ofstream log_json;
     if (o_.log_json && rank == 0) log_json = weft_programs::open_json_output(*o_.log_json);
-    weft::checkpoint::async_writer writer;
+    // Half the communication deadline: a stalled disk on rank 0 is reported there, naming the
+    // file, before the other ranks' next collective gives up on rank 0 (0: neither has one).
+    weft::checkpoint::async_writer writer(world_.timeout() / 2);
     const auto run_start = clock::now();
     double first_loss = 0, last_loss = 0, tokens_total = 0, seconds_total = 0;
     std::vector<double> step_times;
@@ -625,14 +651,21 @@ class trainer {
       weft::checkpoint::checkpoint_file state;
       state.metadata = {{"step", std::to_string(step)},
                         {"seed", std::to_string(o_.seed)},
+                        {"global_batch", std::to_string(r_.global_batch)},
                         {"data_position", "step " + std::to_string(step) + " of the (seed, step) sampler"},
                         {"layout", "tp " + std::to_string(place_.tp) + " pp " + std::to_string(place_.pp) + " dp " +
                                        std::to_string(r_.degrees().dp) + " cp " + std::to_string(r_.degrees().cp)}};
       for (auto& r : whole_records(index_, m1, "exp_avg.")) state.tensors.push_back(std::move(r));
       for (auto& r : whole_records(index_, m2, "exp_avg_sq.")) state.tensors.push_back(std::move(r));
-      // The model file is renamed into place last: a model file is never newer than its state.
-      writer.submit(optimizer_path(*o_.save), std::move(state));
-      writer.submit(*o_.save, std::move(model));
+      // One submission, so this thread waits for no disk write (only for a previous save still
+      // being written); the model file is renamed into place last, and not at all if its state
+      // failed: a model file is never newer than its state.
+      std::vector<weft::checkpoint::write_request> files;
+      files.push_back({optimizer_path(*o_.save), std::move(state)});
+      files.push_back({*o_.save, std::move(model)});
+      const auto t_submit = clock::now();
+      writer.submit(std::move(files));
+      trace_.add("checkpoint submit", "checkpoint", t_submit, clock::now());
     }
     trace_.add("checkpoint snapshot", "checkpoint", t0, clock::now());
   }

@@ -4,7 +4,7 @@
   bad_input.py TRAIN_GPT LAUNCH...
 
 Each case runs train_gpt on 2 or 4 ranks with one mistake and checks: a non-zero exit within the
-time limit, the message (a fragment that says what was wrong and what to do) printed exactly once,
+time limit (status 1, a mistake in the flags or files), the message (a fragment that says what was wrong and what to do) printed exactly once,
 and no traceback of an abort. The checkpoint cases first save a good checkpoint, then damage a copy.
 """
 import os
@@ -64,6 +64,22 @@ def main():
              "--ranks-per-node is for --sharding hsdp"),
             ("hybrid sharding over unequal nodes", 4, ["--sharding", "hsdp", "--ranks-per-node", "3"],
              "has 3 ranks on node 0 but 1 on node 1; hybrid sharding needs equal shard groups"),
+            ("sequence parallelism without tensor parallelism", 2, ["--sequence-parallel"],
+             "--sequence-parallel splits the tokens over the tp group, but --tp is 1"),
+            ("two sharding levels at once", 2, ["--sharding", "zero3", "--zero1"],
+             "--zero1 is --sharding zero1, but --sharding zero3 asks for another level"),
+            ("gradient buckets with full sharding", 2, ["--sharding", "zero2", "--no-overlap"],
+             "--no-overlap sets the gradient buckets of --sharding none and zero1"),
+            ("a bucket size with full sharding", 2, ["--bucket-mb", "4", "--sharding", "hsdp"],
+             "--bucket-mb sets the gradient buckets of --sharding none and zero1"),
+            ("a save interval without a file", 2, ["--save-every", "2"], "add --save FILE"),
+            ("a resume and an initial file at once", 2, ["--resume", good, "--init-from", good],
+             "--resume continues a checkpoint"),
+            ("a resume with nothing left to train", 2, ["--resume", good],
+             "is at step 1 and --steps 1 counts every step from the start"),
+            ("a resume on another global batch", 2, ["--resume", good, "--steps", "2"],
+             "was trained with a global batch of 1 sequences per step, but this run's default is 2 (dp 2 x "
+             "micro-batch 1): give --global-batch 1"),
         ]
         for what, ranks, flags, fragment in cases:
             command = launch + ["-n", str(ranks), train_gpt] + SMALL + ["--steps", "1"] + flags
@@ -75,8 +91,8 @@ def main():
             text = r.stdout + r.stderr
             lines = [line for line in text.splitlines() if fragment in line]
             status = "ok"
-            if r.returncode == 0:
-                status = "exited 0"
+            if r.returncode != 1:
+                status = f"exited {r.returncode}, not 1 (a mistake in the flags or files)"
             elif len(lines) != 1:
                 status = f"the message ({fragment!r}) appeared {len(lines)} times, expected once"
             elif "MPI_ABORT" in text or "rank 1:" in text:
@@ -84,6 +100,12 @@ def main():
             print(f"{what}: exit {r.returncode}: {lines[0].strip() if lines else '(no message)'}")
             if status != "ok":
                 failures.append(f"{what}: {status}\n{text[-2000:]}")
+        # The way out the global-batch message names: the same resume with the batch given is accepted.
+        command = launch + ["-n", "2", train_gpt] + SMALL + ["--resume", good, "--steps", "2", "--global-batch", "2"]
+        r = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        print(f"a resume on another global batch, given with --global-batch: exit {r.returncode}")
+        if r.returncode != 0 or "resumed from" not in r.stdout:
+            failures.append(f"a resume with --global-batch 2: exit {r.returncode}\n{(r.stdout + r.stderr)[-2000:]}")
     if failures:
         print("bad_input: FAILED:\n" + "\n".join(failures))
         return 1

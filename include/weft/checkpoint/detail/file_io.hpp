@@ -5,7 +5,9 @@
 /// (temporary file, fsync, rename, fsync of the directory), so a reader sees the old file or the
 /// new one, never a part, even if the machine loses power.
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -107,46 +109,85 @@ inline int read_exact(int fd, std::span<std::byte> bytes, std::uint64_t offset) 
   return 0;
 }
 
-/// The temporary name a file is written under before it replaces `path`.
-inline std::filesystem::path temporary_path_for(const std::filesystem::path& path) {
-  std::filesystem::path temporary = path;
-  temporary += ".tmp-" + std::to_string(::getpid());
-  return temporary;
+/// A temporary file created next to the file it will replace, and its name.
+struct temporary_file {
+  std::filesystem::path path;
+  file_descriptor out;
+};
+
+/// Creates `path.tmp-<pid>-<n>` for writing, a name no file had: O_EXCL refuses an existing name and
+/// O_NOFOLLOW a symbolic link, so a link planted at a predictable name (or a leftover from a crashed
+/// process whose pid was reused) is never written through; on such a name the next `n` is tried.
+/// Returns the open file, or the errno of the failing open (with `path` the last name tried).
+inline int create_temporary_file(const std::filesystem::path& path, temporary_file& created) {
+  static std::atomic<std::uint64_t> next_number{0};
+  const std::uint64_t salt =
+      static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) & 0xffffff;
+  int code = EEXIST;
+  for (int attempt = 0; attempt < 64 && code == EEXIST; ++attempt) {
+    created.path = path;
+    created.path += ".tmp-" + std::to_string(::getpid()) + "-" +
+                    std::to_string(salt + next_number.fetch_add(1, std::memory_order_relaxed));
+    created.out = file_descriptor(::open(created.path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
+    if (created.out.is_open()) return 0;
+    code = errno;
+  }
+  return code;
 }
 
-/// Replaces `path` atomically with what `fill(fd)` writes: the bytes go to `path.tmp-<pid>`,
-/// which is fsynced, closed and renamed over `path`; then the directory is fsynced so the rename
-/// itself survives a crash. `fill` returns 0 or an errno. On any failure the temporary file is
-/// removed, `path` is left as it was, and weft::error says what failed and what to do.
-inline void replace_file_atomically(const std::filesystem::path& path, const std::function<int(int)>& fill) {
-  const std::filesystem::path temporary = temporary_path_for(path);
-  auto failure = [&](const std::string& step, int code) {
-    ::unlink(temporary.c_str());
-    fail("cannot write checkpoint '" + path.string() + "': " + step + " failed: " + errno_text(code) + "; " +
-         std::string(errno_advice(code)) + " (the previous file at that path, if any, is unchanged)");
-  };
-  file_descriptor out(::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (!out.is_open()) {
-    const int code = errno;  // nothing was created: no temporary file to remove
-    fail("cannot write checkpoint '" + path.string() + "': creating '" + temporary.string() +
-         "' failed: " + errno_text(code) + "; " + std::string(errno_advice(code)) +
-         " (the previous file at that path, if any, is unchanged)");
-  }
-  if (int code = fill(out.get()); code != 0) failure("writing '" + temporary.string() + "'", code);
-  if (::fsync(out.get()) != 0) failure("fsync of '" + temporary.string() + "'", errno);
-  if (int code = out.close(); code != 0) failure("closing '" + temporary.string() + "'", code);
-  if (::rename(temporary.c_str(), path.c_str()) != 0) failure("renaming '" + temporary.string() + "' to it", errno);
-
+/// Fsyncs `directory` so a rename inside it survives a crash. Throws weft::error naming `path`
+/// when the directory cannot be opened or synced (some network file systems refuse to sync a
+/// directory, EINVAL: then only the rename's own durability is left, which is not an error).
+inline void sync_directory_of(const std::filesystem::path& path) {
   std::filesystem::path directory = path.parent_path();
   if (directory.empty()) directory = ".";
   file_descriptor dir(::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  // The new file is in place now; a directory that cannot be synced (some network file systems
-  // refuse, EINVAL) leaves only the rename's durability to the file system.
-  if (dir.is_open() && ::fsync(dir.get()) != 0 && errno != EINVAL) {
+  if (!dir.is_open()) {
     const int code = errno;
+    fail("checkpoint '" + path.string() + "' was written, but its directory '" + directory.string() +
+         "' could not be opened to sync the rename: " + errno_text(code) +
+         "; after a crash the previous file may reappear: " + std::string(errno_advice(code)));
+  }
+  if (::fsync(dir.get()) != 0) {
+    const int code = errno;
+    if (code == EINVAL) return;
     fail("checkpoint '" + path.string() + "' was written, but syncing its directory failed: " + errno_text(code) +
          "; after a crash the previous file may reappear: " + std::string(errno_advice(code)));
   }
+}
+
+/// Replaces `path` atomically with what `fill(fd)` writes: the bytes go to a new temporary file
+/// beside it (create_temporary_file), which is fsynced, closed and renamed over `path`; then the
+/// directory is fsynced so the rename itself survives a crash. `fill` returns 0 or an errno. On
+/// any failure the temporary file is removed, `path` is left as it was, and weft::error says what
+/// failed and what to do.
+inline void replace_file_atomically(const std::filesystem::path& path, const std::function<int(int)>& fill) {
+  temporary_file temporary;
+  if (int code = create_temporary_file(path, temporary); code != 0) {
+    // nothing was created: no temporary file to remove
+    fail("cannot write checkpoint '" + path.string() + "': creating '" + temporary.path.string() +
+         "' failed: " + errno_text(code) + "; " + std::string(errno_advice(code)) +
+         " (the previous file at that path, if any, is unchanged)");
+  }
+  // `code` is always read from errno before anything else runs (building a message allocates,
+  // and unlink can fail and overwrite errno).
+  auto failure = [&](const std::string& step, int code) {
+    ::unlink(temporary.path.c_str());
+    fail("cannot write checkpoint '" + path.string() + "': " + step + " failed: " + errno_text(code) + "; " +
+         std::string(errno_advice(code)) + " (the previous file at that path, if any, is unchanged)");
+  };
+  const std::string name = temporary.path.string();
+  if (int code = fill(temporary.out.get()); code != 0) failure("writing '" + name + "'", code);
+  if (::fsync(temporary.out.get()) != 0) {
+    const int code = errno;
+    failure("fsync of '" + name + "'", code);
+  }
+  if (int code = temporary.out.close(); code != 0) failure("closing '" + name + "'", code);
+  if (::rename(temporary.path.c_str(), path.c_str()) != 0) {
+    const int code = errno;
+    failure("renaming '" + name + "' to it", code);
+  }
+  sync_directory_of(path);
 }
 
 }  // namespace weft::checkpoint::detail
