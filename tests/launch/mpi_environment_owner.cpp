@@ -3,11 +3,14 @@
 // exits non-zero, which fails the test.
 #include <mpi.h>
 
+#include <weft/backend/mpi/backend.hpp>
+#include <weft/comm/communicator.hpp>
 #include <weft/launch/mpi_environment.hpp>
 
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -43,6 +46,19 @@ bool refuses(weft::mpi_init_mode mode, const char* text) {
   return false;
 }
 
+// A weft::error (not an abort inside MPI) whose message contains `when` and names
+// weft::mpi_environment, when a communicator is made outside MPI's lifetime.
+bool communicator_refused(const char* when) {
+  try {
+    weft::communicator<weft::mpi_backend> world(weft::mpi_backend::comm::world(), "world");
+  } catch (const weft::error& e) {
+    if (std::strstr(e.what(), when) != nullptr && std::strstr(e.what(), "weft::mpi_environment") != nullptr)
+      return true;
+    std::fprintf(stderr, "mpi_environment_owner: unexpected message: %s\n", e.what());
+  }
+  return false;
+}
+
 // Initialises and finalizes through `mode`, checking what the environment reports.
 void owned_lifetime(weft::mpi_init_mode mode, int* argc, char*** argv) {
   expect(!mpi_initialized(), "MPI starts uninitialised");
@@ -64,6 +80,7 @@ void owned_lifetime(weft::mpi_init_mode mode, int* argc, char*** argv) {
     expect(sum == size, "MPI works inside the scope");
   }
   expect(mpi_finalized(), "MPI is finalized at the end of the scope");
+  expect(communicator_refused("after MPI_Finalize"), "a communicator after MPI_Finalize is a weft::error");
   expect(refuses(weft::mpi_init_mode::init_if_needed, "already finalized"),
          "a second environment after finalize is refused with a clear message");
 }
@@ -76,6 +93,14 @@ int main(int argc, char* argv[]) {
     owned_lifetime(weft::mpi_init_mode::init_and_finalize, &argc, &argv);
   } else if (mode == "init_if_needed") {
     owned_lifetime(weft::mpi_init_mode::init_if_needed, &argc, &argv);
+  } else if (mode == "before_init") {
+    expect(communicator_refused("before MPI was initialised"),
+           "a communicator before MPI is initialised is a weft::error naming weft::mpi_environment");
+    weft::mpi_environment env(weft::mpi_init_mode::init_if_needed, &argc, &argv);
+    weft::communicator<weft::mpi_backend> world(weft::mpi_backend::comm::world(), "world");
+    std::vector<int> one{1};
+    world.all_reduce(one);
+    expect(one[0] == world.size(), "the same communicator works once the environment exists");
   } else if (mode == "never") {
     expect(refuses(weft::mpi_init_mode::never, "MPI is not initialised"),
            "never mode without an initialised MPI is refused with a clear message");
@@ -88,7 +113,7 @@ int main(int argc, char* argv[]) {
     expect(!mpi_finalized(), "never mode does not finalize");
     MPI_Finalize();
   } else {
-    std::fprintf(stderr, "usage: %s init_and_finalize|init_if_needed|never\n", argv[0]);
+    std::fprintf(stderr, "usage: %s init_and_finalize|init_if_needed|never|before_init\n", argv[0]);
     return 2;
   }
   return failures == 0 ? 0 : 1;

@@ -74,6 +74,23 @@ TEST_CASE("named accessors return the groups of their kind") {
   CHECK(value[0] == 2 * (comm.rank() / 2 * 2) + 1);
 }
 
+TEST_CASE("get(name) returns the named group, and a misspelt name lists the names there are") {
+  auto comm = world();
+  weft::layout::rank_layout layout({.world_size = comm.size(), .tp = 2});
+  weft::process_groups<weft::mpi_backend> groups(comm, layout);
+  CHECK(&groups.get("tp") == &groups.tp());
+  CHECK(&groups.get("dp-cp") == &groups.dp_cp());
+  CHECK(groups.find("embeding") == nullptr);
+  std::string message;
+  try {
+    groups.get("embeding");
+  } catch (const weft::error& e) {
+    message = e.what();
+  }
+  CHECK_THAT(message, Contains("no kind of group is named 'embeding'"));
+  for (group_kind kind : weft::layout::all_group_kinds) CHECK_THAT(message, Contains(std::string(weft::layout::to_string(kind))));
+}
+
 TEST_CASE("a rank with a different layout makes every rank fail with a message, not hang") {
   auto comm = world();
   // Rank 0 believes in tp=2, the others in tp=1.

@@ -11,10 +11,11 @@
 
 namespace weft {
 
-/// A contiguous, sized range of weft elements (read-only use).
+/// A contiguous, sized range of weft elements (read-only use). A contiguous sized range of any
+/// other type stops the build with a message listing the element types.
 template <class R>
 concept buffer = std::ranges::contiguous_range<R> && std::ranges::sized_range<R> &&
-                 element<std::ranges::range_value_t<R>>;
+                 detail::explain_element<std::ranges::range_value_t<R>>();
 
 /// A buffer whose elements can be written.
 template <class R>

@@ -436,6 +436,9 @@ class communicator {
       const std::uint64_t sequence = recorder_->issue(kind, type, count, peer, reduction, /*started=*/true);
       try {
         call(completion::blocking).wait();
+      } catch (const backend_error& e) {
+        recorder_->finish(sequence, false);
+        throw e.during(operation_text(kind, type, count, peer));
       } catch (...) {
         recorder_->finish(sequence, false);
         throw;
@@ -449,11 +452,22 @@ class communicator {
       request pending = call(completion::async);
       if (recorder_->claim() != 0) recorder_->untracked(sequence);  // the backend did not take it
       return pending;
+    } catch (const backend_error& e) {
+      recorder_->claim();
+      recorder_->finish(sequence, false);
+      throw e.during(operation_text(kind, type, count, peer));
     } catch (...) {
       recorder_->claim();
       recorder_->finish(sequence, false);
       throw;
     }
+  }
+
+  /// A failed operation in the words of weft's messages (a backend's failure names it, not the
+  /// backend's call): "all_reduce on group 'tp' (rank 1 of 2, 1000 x float)".
+  [[gnu::cold]] std::string operation_text(trace::operation kind, dtype type, std::size_t count, int peer) const {
+    return detail::operation_text(kind_name(kind), name_, rank(), size(), count, to_string(type),
+                                  trace::is_collective(kind) ? "root" : "peer", peer);
   }
 
   request barrier_impl(completion how) {

@@ -58,6 +58,20 @@ template <> struct dtype_of_impl<std::uint8_t> : std::integral_constant<dtype, d
 template <class T>
 concept element = requires { detail::dtype_of_impl<std::remove_cv_t<T>>::value; };
 
+namespace detail {
+/// True for an element type; any other type stops the build with this message (a failed concept
+/// alone would end in "dtype_of_impl<...>::value is invalid" after dozens of lines). For the
+/// buffer concepts, which only ask it of contiguous sized ranges, so overloads stay usable.
+template <class T>
+consteval bool explain_element() {
+  static_assert(element<T>,
+                "weft: buffers must hold one of weft's element types: float, double, weft::half, weft::bfloat16, "
+                "std::int32_t, std::int64_t or std::uint8_t; copy other data into a buffer of one of these "
+                "(e.g. bytes into std::vector<std::uint8_t>)");
+  return true;
+}
+}  // namespace detail
+
 /// The dtype of an element type.
 template <element T>
 inline constexpr dtype dtype_of = detail::dtype_of_impl<std::remove_cv_t<T>>::value;

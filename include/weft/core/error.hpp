@@ -5,8 +5,13 @@
 ///    the message says what was wrong, on which rank and group, and what to do.
 ///  - `weft::backend_error`: a call into MPI, NCCL or CUDA returned a failure code; it carries the
 ///    library, the raw code, the library's own message, the call's text, the source location,
-///    the rank and the host, so a log line from rank 37 of 512 is enough to find the fault.
+///    the rank and the host, so a log line from rank 37 of 512 is enough to find the fault. When
+///    the call belongs to an operation of a communicator, the message names the operation in
+///    weft's words instead of the call ("all_reduce on group 'tp' (rank 1 of 2, 1000 x float)
+///    failed: MPI_ERR_TRUNCATE: message truncated"); the call and location stay in call() and
+///    location().
 
+#include <cstdint>
 #include <cstdlib>
 #include <source_location>
 #include <stdexcept>
@@ -50,6 +55,19 @@ inline std::string where(const std::source_location& loc) {
   return std::string(loc.file_name()) + ":" + std::to_string(loc.line());
 }
 
+/// An operation of a communicator as weft's messages name it: "all_reduce on group 'tp' (rank 1
+/// of 2, 1000 x float)". `element` is the dtype's name; `count` 0 leaves the size out (a
+/// barrier); `peer_role` ("peer", "root") names `peer` when it is not negative.
+inline std::string operation_text(std::string_view operation, std::string_view group, int rank, int size,
+                                  std::uint64_t count, std::string_view element, std::string_view peer_role = {},
+                                  int peer = -1) {
+  std::string text = std::string(operation) + " on group '" + std::string(group) + "' (rank " + std::to_string(rank) +
+                     " of " + std::to_string(size);
+  if (count > 0) text += ", " + std::to_string(count) + " x " + std::string(element);
+  if (peer >= 0 && !peer_role.empty()) text += ", " + std::string(peer_role) + " " + std::to_string(peer);
+  return text + ")";
+}
+
 }  // namespace detail
 
 /// Bad input or a broken contract, detected by weft before anything was sent.
@@ -84,6 +102,21 @@ class backend_error : public error {
         rank_(detail::world_rank_for_messages()),
         host_(detail::host_name()) {}
 
+  /// The same failure as part of `operation` (detail::operation_text: "all_reduce on group 'tp'
+  /// (rank 1 of 2, 1000 x float)"); the message becomes "<operation> failed: <library's message>".
+  /// A failure that already names its operation keeps it (the innermost one is the precise one).
+  backend_error during(std::string operation) const {
+    if (!operation_.empty()) return *this;
+    backend_error named = *this;
+    named.operation_ = std::move(operation);
+    named.message_ = named.format_operation();
+    return named;
+  }
+
+  const char* what() const noexcept override { return message_.empty() ? error::what() : message_.c_str(); }
+
+  /// The operation this failure belongs to ("" when the call was not part of one).
+  const std::string& operation() const noexcept { return operation_; }
   backend_library library() const noexcept { return library_; }
   /// The library's raw result code (an MPI error code, an ncclResult_t, a cudaError_t).
   int code() const noexcept { return code_; }
@@ -106,6 +139,13 @@ class backend_error : public error {
     return text;
   }
 
+  std::string format_operation() const {
+    std::string text = "weft: ";
+    if (rank_ >= 0) text += "rank " + std::to_string(rank_) + ": ";
+    return text + operation_ + " failed: " + library_message_ + " (" + std::string(to_string(library_)) + " error " +
+           std::to_string(code_) + ", host " + host_ + ")";
+  }
+
   backend_library library_;
   int code_;
   std::string library_message_;
@@ -113,6 +153,8 @@ class backend_error : public error {
   std::source_location location_;
   int rank_;
   std::string host_;
+  std::string operation_;
+  std::string message_;  ///< the message naming operation_, when there is one
 };
 
 /// Throws weft::error with "rank R: " in front of the message.

@@ -68,11 +68,19 @@ class process_groups {
     return *slot;
   }
   /// The communicator named `name` ("tp", "dp-cp", ...), or nullptr when this rank is in no such
-  /// group or the name is unknown.
+  /// group or the name is unknown (a misspelt name is nullptr too: get(name) says which names
+  /// there are).
   communicator_type* find(std::string_view name) {
     auto kind = layout::parse_group_kind(name);
     if (!kind || !has(*kind)) return nullptr;
     return &get(*kind);
+  }
+  /// The communicator named `name`; an unknown name throws an error listing the known ones, and a
+  /// group this rank is not in throws as get(kind) does.
+  communicator_type& get(std::string_view name) {
+    const auto kind = layout::parse_group_kind(name);
+    if (!kind) unknown_name(name);
+    return get(*kind);
   }
   /// This rank's group of `kind`: its world ranks and this rank's place in it.
   const layout::rank_group& group(layout::group_kind kind) const noexcept { return groups_[index_of(kind)]; }
@@ -90,6 +98,13 @@ class process_groups {
 
  private:
   static constexpr bool self_is_local = requires { B::comm::self(); };
+
+  [[noreturn, gnu::cold]] void unknown_name(std::string_view name) const {
+    std::string known;
+    for (layout::group_kind kind : layout::all_group_kinds)
+      known += (known.empty() ? "" : ", ") + std::string(layout::to_string(kind));
+    fail("process groups: no kind of group is named '" + std::string(name) + "'; the names are " + known);
+  }
 
   static std::size_t index_of(layout::group_kind kind) noexcept {
     for (std::size_t i = 0; i < layout::all_group_kinds.size(); ++i)

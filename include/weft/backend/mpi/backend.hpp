@@ -20,16 +20,19 @@
 #include <weft/config.hpp>
 
 #if !WEFT_HAS_MPI
-#error "weft: this build has no MPI backend, which multi-rank work on CPU (and the NCCL bootstrap) needs. Link weft::mpi (or weft::weft) from a weft configured with MPI found (WEFT_WITH_MPI=ON or AUTO; on Debian: apt-get install libopenmpi-dev openmpi-bin)."
+#error "weft: this build has no MPI backend, which multi-rank work on CPU (and the NCCL bootstrap) needs. Link weft::mpi (or weft::weft) from a weft configured with MPI found (WEFT_WITH_MPI=ON or AUTO; on Debian: apt-get install libopenmpi-dev openmpi-bin). Without CMake, define WEFT_HAS_MPI=1 (and OMPI_SKIP_MPICXX=1) and compile with MPI's flags: mpicxx -std=c++20 -DWEFT_HAS_MPI=1 -DOMPI_SKIP_MPICXX=1 -I weft/include."
 #endif
 
 #include <mpi.h>
 
+#include <array>
 #include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <source_location>
 #include <span>
 #include <string>
 #include <utility>
@@ -46,6 +49,41 @@
 #include <unistd.h>
 
 namespace weft {
+
+namespace detail::mpi {
+/// Statuses for MPI_Waitall / MPI_Testall (on the stack for the usual few requests), kept only so
+/// that a failure reports the transfer's own error (MPI_ERR_TRUNCATE) rather than MPI_ERR_IN_STATUS.
+class statuses {
+ public:
+  explicit statuses(std::size_t n) {
+    if (n > small_.size()) large_.resize(n);
+  }
+  MPI_Status* data() noexcept { return large_.empty() ? small_.data() : large_.data(); }
+  /// The first failed transfer's error when `code` is MPI_ERR_IN_STATUS, else `code`.
+  int error_of(int code) const noexcept {
+    if (code != MPI_ERR_IN_STATUS) return code;
+    for (const MPI_Status& s : large_.empty() ? std::span<const MPI_Status>(small_) : std::span<const MPI_Status>(large_))
+      if (s.MPI_ERROR != MPI_SUCCESS && s.MPI_ERROR != MPI_ERR_PENDING) return s.MPI_ERROR;
+    return code;
+  }
+
+ private:
+  std::array<MPI_Status, 4> small_{};
+  std::vector<MPI_Status> large_;
+};
+
+/// A failure of the operation `recorder` holds as `sequence`, named as weft names operations
+/// ("all_reduce on group 'tp' (rank 1 of 2, 1000 x float) failed: ...").
+[[gnu::cold, gnu::noinline]] inline backend_error failed_operation(const backend_error& e,
+                                                                   const trace::flight_recorder& recorder,
+                                                                   std::uint64_t sequence) {
+  if (const auto r = recorder.read(sequence))
+    return e.during(weft::detail::operation_text(trace::to_string(r->op), recorder.group(), recorder.rank(),
+                                                 recorder.size(), r->count, to_string(r->type),
+                                                 trace::is_collective(r->op) ? "root" : "peer", r->peer));
+  return e.during(weft::detail::operation_text("an operation", recorder.group(), recorder.rank(), recorder.size(), 0, {}));
+}
+}  // namespace detail::mpi
 
 struct mpi_backend {
   static constexpr std::string_view name = "mpi";
@@ -99,9 +137,10 @@ struct mpi_backend {
         if (detail::mpi::finalize_started().load(std::memory_order_relaxed)) [[unlikely]]
           drop_after_finalize();
         int flag = 0;
-        const int code = MPI_Testall(static_cast<int>(posted_.size()), posted_.data(), &flag, MPI_STATUSES_IGNORE);
-        if (code != MPI_SUCCESS) record_end(false);
-        WEFT_CHECK_MPI(code);
+        detail::mpi::statuses statuses(posted_.size());
+        const int code = MPI_Testall(static_cast<int>(posted_.size()), posted_.data(), &flag, statuses.data());
+        if (code != MPI_SUCCESS) [[unlikely]]
+          fail_posted(statuses.error_of(code), "MPI_Testall");
         if (!flag) return false;
         posted_.clear();
         record_end(true);
@@ -119,9 +158,11 @@ struct mpi_backend {
           drop_after_finalize();
         auto posted = std::move(posted_);
         posted_.clear();
-        const int code = MPI_Waitall(static_cast<int>(posted.size()), posted.data(), MPI_STATUSES_IGNORE);
-        record_end(code == MPI_SUCCESS);
-        WEFT_CHECK_MPI(code);
+        detail::mpi::statuses statuses(posted.size());
+        const int code = MPI_Waitall(static_cast<int>(posted.size()), posted.data(), statuses.data());
+        if (code != MPI_SUCCESS) [[unlikely]]
+          fail_posted(statuses.error_of(code), "MPI_Waitall");
+        record_end(true);
       }
       if (!task_) return;
       task_->done.wait(false, std::memory_order_acquire);
@@ -130,6 +171,19 @@ struct mpi_backend {
     void consume() {
       auto item = std::move(task_);
       item->rethrow_failure();
+    }
+    /// The posted transfers failed: the error names the operation when it was recorded.
+    [[noreturn, gnu::cold, gnu::noinline]] void fail_posted(int code, const char* call,
+                                                            std::source_location location = std::source_location::current()) {
+      const std::shared_ptr<trace::flight_recorder> recorder = recorder_;
+      const std::uint64_t sequence = sequence_;
+      record_end(false);
+      try {
+        detail::throw_mpi_error(code, call, location);
+      } catch (const backend_error& e) {
+        if (recorder) throw detail::mpi::failed_operation(e, *recorder, sequence);
+        throw;
+      }
     }
     void record_end(bool ok) noexcept {
       if (recorder_) std::exchange(recorder_, nullptr)->finish(std::exchange(sequence_, 0), ok);
@@ -167,9 +221,17 @@ struct mpi_backend {
       WEFT_CHECK_MPI(MPI_Comm_dup(parent, &handle));
       return comm(handle);
     }
-    static comm world() { return duplicate(MPI_COMM_WORLD); }
+    /// Needs MPI initialised (weft::mpi_environment); before that, or after MPI_Finalize, a
+    /// weft::error says so instead of MPI aborting the process.
+    static comm world() {
+      detail::mpi::expect_initialized("mpi_backend::comm::world()");
+      return duplicate(MPI_COMM_WORLD);
+    }
     /// A communicator of this rank alone; creating it involves no other rank.
-    static comm self() { return duplicate(MPI_COMM_SELF); }
+    static comm self() {
+      detail::mpi::expect_initialized("mpi_backend::comm::self()");
+      return duplicate(MPI_COMM_SELF);
+    }
 
     comm(comm&& other) noexcept { *this = std::move(other); }
     comm& operator=(comm&& other) noexcept {
@@ -438,6 +500,9 @@ struct mpi_backend {
             recorder->start(sequence);
             try {
               work();
+            } catch (const backend_error& e) {
+              recorder->finish(sequence, false);
+              throw detail::mpi::failed_operation(e, *recorder, sequence);
             } catch (...) {
               recorder->finish(sequence, false);
               throw;

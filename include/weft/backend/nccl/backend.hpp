@@ -22,7 +22,7 @@
 #include <weft/config.hpp>
 
 #if !WEFT_HAS_NCCL
-#error "weft: this build has no NCCL backend (GPU collectives). Link weft::nccl (or weft::weft) from a weft configured with CUDA and NCCL found (WEFT_WITH_NCCL=ON or AUTO; NCCL under CUDA's prefix, or NCCL_ROOT), or use weft::mpi_backend on CPU."
+#error "weft: this build has no NCCL backend (GPU collectives). Link weft::nccl (or weft::weft) from a weft configured with CUDA and NCCL found (WEFT_WITH_NCCL=ON or AUTO; NCCL under CUDA's prefix, or NCCL_ROOT), or use weft::mpi_backend on CPU. Without CMake, define WEFT_HAS_NCCL=1 and WEFT_HAS_CUDA=1 and link CUDA's runtime and NCCL (-lcudart -lnccl)."
 #else
 
 #include <cuda_runtime_api.h>

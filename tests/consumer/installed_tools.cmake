@@ -1,0 +1,17 @@
+# cmake -DPREFIX=... -DTOOLS=a,b -DRUNS=a,b -P installed_tools.cmake
+# Every tool is in PREFIX/bin after `cmake --install`, and each of RUNS answers --help there.
+string(REPLACE "," ";" TOOLS "${TOOLS}")
+string(REPLACE "," ";" RUNS "${RUNS}")
+foreach(tool IN LISTS TOOLS)
+  if(NOT EXISTS "${PREFIX}/bin/${tool}")
+    message(FATAL_ERROR "installed_tools: ${tool} is not in ${PREFIX}/bin after cmake --install")
+  endif()
+endforeach()
+foreach(tool IN LISTS RUNS)
+  execute_process(COMMAND "${PREFIX}/bin/${tool}" --help RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT status EQUAL 0)
+    message(FATAL_ERROR "installed_tools: ${PREFIX}/bin/${tool} --help exited with ${status}: ${err}")
+  endif()
+endforeach()
+list(JOIN TOOLS ", " names)
+message(STATUS "installed_tools: ${names} in ${PREFIX}/bin")
