@@ -25,11 +25,13 @@
 
 #include <mpi.h>
 
+#include <chrono>
 #include <climits>
 #include <cstdio>
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -40,6 +42,8 @@
 #include <weft/backend/mpi/datatypes.hpp>
 #include <weft/backend/mpi/detail/finalize_watch.hpp>
 #include <weft/backend/mpi/detail/progress_thread.hpp>
+#include <weft/backend/mpi/detail/watched_call.hpp>
+#include <weft/core/timeout.hpp>
 #include <weft/trace/abort_action.hpp>
 #include <weft/trace/flight_recorder.hpp>
 
@@ -159,13 +163,22 @@ struct mpi_backend {
     comm() = default;
 
     /// A private duplicate of `parent` (weft's traffic never matches the caller's own messages),
-    /// with errors returned to weft instead of aborting.
-    static comm duplicate(MPI_Comm parent) {
+    /// with errors returned to weft instead of aborting. Collective over `parent`, and held to
+    /// `timeout` (default: WEFT_COMM_TIMEOUT's) like any operation: a rank that never joins ends
+    /// the job through the watchdog (detail/watched_call.hpp).
+    static comm duplicate(MPI_Comm parent, std::optional<std::chrono::milliseconds> timeout = std::nullopt) {
       MPI_Comm handle = MPI_COMM_NULL;
-      WEFT_CHECK_MPI(MPI_Comm_dup(parent, &handle));
+      detail::mpi::watched_call(parent, parent == MPI_COMM_WORLD  ? "MPI_COMM_WORLD"
+                                : parent == MPI_COMM_SELF ? "MPI_COMM_SELF"
+                                                          : "the parent MPI communicator",
+                                trace::operation::dup, dtype::uint8, 0,
+                                timeout ? *timeout : comm_timeout_from_environment(),
+                                [&] { WEFT_CHECK_MPI(MPI_Comm_dup(parent, &handle)); });
       return comm(handle);
     }
-    static comm world() { return duplicate(MPI_COMM_WORLD); }
+    static comm world(std::optional<std::chrono::milliseconds> timeout = std::nullopt) {
+      return duplicate(MPI_COMM_WORLD, timeout);
+    }
     /// A communicator of this rank alone; creating it involves no other rank.
     static comm self() { return duplicate(MPI_COMM_SELF); }
 
@@ -197,12 +210,7 @@ struct mpi_backend {
 
     /// What the watchdog does to abort this communicator: MPI_Abort on MPI_COMM_WORLD (MPI has no
     /// way to abort one communicator alone), which ends every rank of the job with `status`.
-    trace::abort_action abort_action() const {
-      return {[](int status) {
-                if (!detail::mpi::mpi_finalized()) MPI_Abort(MPI_COMM_WORLD, status);
-              },
-              /*ends_process=*/true};
-    }
+    trace::abort_action abort_action() const { return detail::mpi::abort_job(); }
 
     /// The world rank of each member, in this communicator's rank order.
     std::vector<int> world_ranks() const {
