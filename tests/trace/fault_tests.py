@@ -13,6 +13,13 @@
                                         rank R, which never joins: still under the deadline
     fault_tests.py slow --victim R      rank R is late by half the deadline in one collective:
                                         nothing times out, exit 0
+    fault_tests.py health PHASE --victim R --preload LIB --preload-script SH
+                                        the health check (--program) with rank R stopped inside
+                                        PHASE (see HEALTH_PHASES): exit 124, the message, in time
+    fault_tests.py slowest --victim R --preload LIB --preload-script SH
+                                        the health check with rank R 30 ms late out of each
+                                        all-reduce: only R is marked `<- slowest`; R = -1: no
+                                        rank is slowed and none is marked
     common: --mpiexec PATH --program PATH [--trace-diff PATH] [--deadline SECONDS]
 
 What Open MPI does, and so what is asserted: when a rank dies by a signal (SIGKILL, SIGTERM),
@@ -372,9 +379,97 @@ def test_mismatch(args):
     print("mismatch %s: detected in %d of %d runs, on every rank, naming collective 5" % (args.kind, args.trials, args.trials))
 
 
+# The health check's phases with the arguments below (mpi backend, 4 ranks on one host): the MPI
+# call, and its count, at which the preloaded library stops the victim, and the operation and group
+# the others then time out in. A phase with a later call number is the same call issued later.
+HEALTH_ARGS = ["--bytes", "64K", "--warmup", "2", "--rounds", "5", "--expect-ms", "100000", "--fail-ms", "200000"]
+HEALTH_PHASES = {
+    "start": ("MPI_Comm_dup:1", r"dup #1 \(0 x uint8\)", "MPI_COMM_WORLD"),  # the world communicator
+    "backend": ("MPI_Allreduce:1", r"all_reduce #1 \(1 x int32\)", "world"),  # --backend auto's agreement
+    "hosts": ("MPI_Allgather:1", r"all_gather #2 \(256 x uint8\)", "world"),  # the host names
+    "warmup": ("MPI_Allreduce:2", r"all_reduce #3 \(16384 x float\)", "world"),
+    "round-barrier": ("MPI_Barrier:1", r"barrier #5 \(0 x uint8\)", "world"),  # before the first timed round
+    "round": ("MPI_Allreduce:4", r"all_reduce #6 \(16384 x float\)", "world"),
+    "slowest": ("MPI_Allreduce:9", r"all_reduce #15 \(5 x double\)", "world"),  # the slowest rank per round
+    "report": ("MPI_Allgather:2", r"all_gather #16 \(7 x double\)", "world"),  # the per-rank reports
+    "status": ("MPI_Bcast:1", r"broadcast #17 \(1 x int32, root 0\)", "world"),
+    "exit": ("MPI_Barrier:6", r"barrier #18 \(0 x uint8\)", "world"),  # the last barrier before MPI_Finalize
+}
+
+
+def preloaded_job(args, victim, deadline, extra_env):
+    """The health check under mpiexec, with the preloaded library in rank `victim` only."""
+    command = ["sh", args.preload_script, str(victim), args.preload, args.program] + HEALTH_ARGS + \
+        ["--comm-timeout", str(deadline)]
+    return job(args, [], deadline, extra_env, command)
+
+
+def test_health(args):
+    deadline = args.deadline
+    victim = args.victim
+    stop_at, operation, group = HEALTH_PHASES[args.kind]
+    what = "health check, rank %d stopped in phase %s (%s)" % (victim, args.kind, stop_at)
+    run = preloaded_job(args, victim, deadline, {"WEFT_TEST_STOP_AT": stop_at})
+    marker = os.path.join(run.dir, "stopped")
+    end = time.monotonic() + 60
+    while True:
+        text = open(marker).read().strip() if os.path.exists(marker) else ""
+        if text and process_state(int(text)) == "T":
+            break
+        if time.monotonic() > end or run.process.poll() is not None:
+            output = run.output()
+            if run.process.poll() is None:
+                run.process.kill()
+            fail(what + ": the rank never stopped", output)
+        time.sleep(0.01)
+    run.pids = {victim: int(text)}
+    stopped_at = time.monotonic()
+    status = run.wait(2 * deadline + 10)
+    elapsed = time.monotonic() - stopped_at
+    output = run.output()
+    if status is None:
+        run.kill_all()
+        fail("%s: the job still ran %.1f s after the stop" % (what, elapsed), output)
+    check_gone(run, deadline, elapsed, what)
+    if status != 124:
+        fail("%s: mpiexec exited with status %s, not 124" % (what, status), output)
+    pattern = (r"weft: rank (\d+) \(host [^)]+\): %s on group '%s' \(rank \d+ of 4\) timed out: waited [\d.]+ s, "
+               r"deadline %.2f s" % (operation, group, deadline))
+    timed_out = {int(m.group(1)) for m in re.finditer(pattern, output)}
+    # The victim was stopped inside the call, after weft recorded it: when mpiexec ends the job it
+    # sends SIGCONT first, and the victim's own watchdog may then report the same timeout.
+    if not timed_out - {victim}:
+        fail("%s: no other rank timed out in %s on group '%s'" % (what, operation, group), output)
+    print("health %s: the job ended %.2f s after rank %d stopped (deadline %g s); ranks %s timed out"
+          % (args.kind, elapsed, victim, deadline, sorted(timed_out)))
+    run.cleanup()
+
+
+def test_slowest(args):
+    victim = args.victim
+    what = "health check, rank %d late out of each all-reduce" % victim if victim >= 0 else "health check, no rank slowed"
+    run = preloaded_job(args, max(victim, 0), 60, {"WEFT_TEST_LATE_MS": "30" if victim >= 0 else "0"})
+    status = run.wait(60)
+    output = run.output()
+    if status is None:
+        run.process.kill()
+        fail(what + ": the health check hung", output)
+    if status != 0:
+        fail("%s: the health check exited with status %s" % (what, status), output)
+    rows = re.findall(r"^ +(\d+) +\S+ +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+(.*)$", output, re.M)
+    if len(rows) != RANKS:
+        fail("%s: the per-rank table has %d rows, not %d" % (what, len(rows), RANKS), output)
+    marked = [int(rank) for rank, notes in rows if "<- slowest" in notes]
+    expected = [victim] if victim >= 0 else []
+    if marked != expected:
+        fail("%s: ranks %s are marked '<- slowest', expected %s" % (what, marked, expected), output)
+    print("slowest: marked %s as expected" % (marked or "no rank"))
+    run.cleanup()
+
+
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("test", choices=["kill", "stop", "term", "mismatch", "drain", "slow"])
+    parser.add_argument("test", choices=["kill", "stop", "term", "mismatch", "drain", "slow", "health", "slowest"])
     parser.add_argument("kind", nargs="?")
     parser.add_argument("--victim", type=int, default=1)
     parser.add_argument("--check-level", choices=["local", "communication", "fingerprint"])
@@ -383,13 +478,17 @@ def main():
     parser.add_argument("--mpiexec", required=True)
     parser.add_argument("--program", required=True)
     parser.add_argument("--trace-diff")
+    parser.add_argument("--preload", help="the fault library preloaded into the victim (health, slowest)")
+    parser.add_argument("--preload-script", help="slow_rank.sh, which preloads it into one rank")
     args = parser.parse_args()
     if args.kind is None:
         args.kind = {"stop": "collective", "mismatch": "count"}.get(args.test)
     if args.test == "stop" and args.kind not in STOP_PLACES:
         parser.error("stop: WHERE is one of " + ", ".join(STOP_PLACES))
+    if args.test == "health" and args.kind not in HEALTH_PHASES:
+        parser.error("health: PHASE is one of " + ", ".join(HEALTH_PHASES))
     {"kill": test_kill, "stop": test_stop, "term": test_term, "mismatch": test_mismatch, "drain": test_drain,
-     "slow": test_slow}[args.test](args)
+     "slow": test_slow, "health": test_health, "slowest": test_slowest}[args.test](args)
 
 
 if __name__ == "__main__":
