@@ -81,12 +81,14 @@ void mismatch(world_comm& world, const std::string& kind) {
 /// The victim stops here; the others go on into the operation under test. It writes its flight
 /// recorder first: a stopped rank leaves a dump only if mpiexec's SIGTERM reaches it before the
 /// SIGKILL, and the test checks what weft-trace-diff says of it, so its state must be on disk.
-/// It stays stopped: when the job is aborted, mpiexec sends SIGCONT before SIGTERM, and a victim
-/// that ran on would finish the collective the others timed out in, and they would go on.
+/// Continued, it waits for the end: when the job is aborted, mpiexec sends SIGCONT before SIGTERM,
+/// and a victim that ran on would finish the collective the others timed out in, and they would
+/// go on. (Stopping again instead would leave mpiexec waiting to SIGKILL it: slower to end.)
 void stop_if(bool victim) {
   if (!victim) return;
   weft::trace::dump_flight_recorders("request");
-  for (;;) raise(SIGSTOP);
+  raise(SIGSTOP);
+  for (;;) pause();
 }
 
 /// `where`: the operation the others wait in while `victim` is stopped (see the top of the file).

@@ -1,8 +1,8 @@
 // Preloaded into one rank of a job (tests/bench/slow_rank.sh) to harm it inside a chosen MPI call
 // (the MPI profiling interface: each wrapper calls PMPI_...), for the health check's fault tests
 // (fault_tests.py health):
-//   WEFT_TEST_STOP_AT=MPI_Allreduce:3   the 3rd MPI_Allreduce stops the process (SIGSTOP, for good)
-//                                       before it runs; the pid goes to $WEFT_TRACE_DIR/stopped first
+//   WEFT_TEST_STOP_AT=MPI_Allreduce:3   the 3rd MPI_Allreduce stops the process (SIGSTOP; continued,
+//                                       it never goes on) before it runs; the pid goes to $WEFT_TRACE_DIR/stopped first
 //   WEFT_TEST_LATE_MS=30                every MPI_Allreduce returns 30 ms late, after its data
 //                                       moved: this rank alone spends longer in each all-reduce
 #include <mpi.h>
@@ -47,9 +47,10 @@ void maybe_stop(const char* function, int& count) {
       std::fclose(out);
     }
   }
-  // It stays stopped: mpiexec sends SIGCONT before SIGTERM when it ends the job, and a rank that
-  // ran on would finish the call the others timed out in.
-  for (;;) raise(SIGSTOP);
+  // Continued, it waits for the end: mpiexec sends SIGCONT before SIGTERM when it ends the job,
+  // and a rank that ran on would finish the call the others timed out in.
+  raise(SIGSTOP);
+  for (;;) pause();
 }
 
 void late() {
