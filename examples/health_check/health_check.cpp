@@ -2,9 +2,11 @@
 //
 // It all-reduces 512 MiB of float32 (10 warm-up rounds, then 100 timed rounds, each started from a
 // barrier), checks every element of the result, and reports the average time per round with the
-// algorithm and bus bandwidth in GB/s and Gb/s, then each rank's own timing and host, the slowest
-// marked, so that one slow rank or node stands out. When the ranks span several hosts it also
-// times the same all-reduce inside each host, which tells a slow host apart from a slow network.
+// algorithm and bus bandwidth in GB/s and Gb/s, then each rank's own timing and host, so that one
+// slow rank or node stands out: a rank is marked `<- slowest` when its mean time in the all-reduce
+// is over 1.25 x the median rank's (the rule that singles a rank out in the verdict too). When
+// the ranks span several hosts it also times the same all-reduce inside each host, which tells a
+// slow host apart from a slow network.
 //
 // The reference thresholds are those operators use for 512 MB over 64 H100 GPUs on 400 Gb/s
 // InfiniBand: under 5 ms is healthy, over 10 ms means the network is broken. Above --fail-ms (or
@@ -14,8 +16,10 @@
 //   2  slower than --fail-ms
 //   3  wrong all-reduce result
 //   4  an error inside MPI or weft (every rank is aborted)
-//   124  an all-reduce passed its deadline (--comm-timeout or WEFT_COMM_TIMEOUT, default 10 minutes):
-//        a rank that never joined; every rank dumps weft-flight-<rank>.json ($WEFT_TRACE_DIR)
+//   124  an operation passed its deadline (--comm-timeout or WEFT_COMM_TIMEOUT, default 10 minutes):
+//        a rank that never joined; every rank dumps weft-flight-<rank>.json ($WEFT_TRACE_DIR).
+//        Every exchange between the ranks, from the start-up to the final status, goes through a
+//        weft communicator, so each one has the deadline: no phase can hang.
 //
 //   mpirun -n 64 health_check                          # the reference run
 //   mpirun -n 4 health_check --bytes 64M --rounds 20 --expect-ms 200 --fail-ms 1000
@@ -35,6 +39,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -164,6 +169,10 @@ std::size_t count_wrong(std::span<const float> result, int ranks) {
   return wrong;
 }
 
+/// The host-side exchanges (host names, the barrier before each round, the reports, the status)
+/// run over MPI_COMM_WORLD through this communicator, so they have the deadline too.
+using control_comm = weft::communicator<weft::mpi_backend>;
+
 /// Where the buffers live and how this rank's side is timed, per backend.
 template <class B>
 struct platform;
@@ -174,7 +183,8 @@ struct platform<weft::mpi_backend> {
   static constexpr const char* name = "mpi";
   using comm_type = weft::communicator<weft::mpi_backend>;
   using buffer = std::vector<float>;
-  static comm_type world() { return comm_type(weft::mpi_backend::comm::world(), "world"); }
+  /// The host communicator itself.
+  static comm_type& world(control_comm& control, std::optional<comm_type>&) { return control; }
   static buffer allocate(std::size_t n) { return buffer(n); }
   static void fill(buffer& b, int rank) { fill_input(b, rank); }
   static std::size_t wrong(const buffer& b, int ranks) { return count_wrong(b, ranks); }
@@ -213,7 +223,7 @@ struct platform<weft::nccl_backend> {
   static constexpr const char* name = "nccl";
   using comm_type = weft::communicator<weft::nccl_backend>;
   using buffer = device_floats;
-  static comm_type world() { return weft::nccl_world(); }
+  static comm_type& world(control_comm&, std::optional<comm_type>& made) { return made.emplace(weft::nccl_world()); }
   static buffer allocate(std::size_t n) { return buffer(n); }
   static void fill(buffer& b, int rank) {
     std::vector<float> host(b.size());
@@ -258,23 +268,25 @@ std::string format(const char* pattern, double value) {
 }
 
 template <class B>
-int run(const options& o) {
+int run(const options& o, control_comm& control) {
   using support = platform<B>;
-  auto world = support::world();
+  std::optional<typename support::comm_type> made;
+  auto& world = support::world(control, made);
   if (o.comm_timeout) world.set_timeout(*o.comm_timeout);
   const int rank = world.rank();
   const int ranks = world.size();
 
   // Hosts, numbered in order of first appearance.
-  char host[256] = {};
-  gethostname(host, sizeof(host) - 1);
-  std::vector<char> all_hosts(sizeof(host) * static_cast<std::size_t>(ranks));
-  MPI_Allgather(host, sizeof(host), MPI_CHAR, all_hosts.data(), sizeof(host), MPI_CHAR, MPI_COMM_WORLD);
+  constexpr std::size_t host_bytes = 256;
+  std::vector<std::uint8_t> host(host_bytes, 0);
+  gethostname(reinterpret_cast<char*>(host.data()), host_bytes - 1);
+  std::vector<std::uint8_t> all_hosts(host_bytes * static_cast<std::size_t>(ranks));
+  control.all_gather(host, all_hosts);
   std::vector<std::string> host_of(static_cast<std::size_t>(ranks));
   std::map<std::string, int> host_index;
   std::vector<std::string> hosts;
   for (int r = 0; r < ranks; ++r) {
-    host_of[static_cast<std::size_t>(r)] = &all_hosts[static_cast<std::size_t>(r) * sizeof(host)];
+    host_of[static_cast<std::size_t>(r)] = reinterpret_cast<const char*>(&all_hosts[static_cast<std::size_t>(r) * host_bytes]);
     if (host_index.emplace(host_of[static_cast<std::size_t>(r)], static_cast<int>(hosts.size())).second)
       hosts.push_back(host_of[static_cast<std::size_t>(r)]);
   }
@@ -295,7 +307,7 @@ int run(const options& o) {
 
   std::vector<double> round_s(static_cast<std::size_t>(o.rounds));
   for (int i = 0; i < o.rounds; ++i) {
-    MPI_Barrier(MPI_COMM_WORLD);
+    control.barrier();
     const auto start = clock_type::now();
     world.all_reduce(send, recv);
     round_s[static_cast<std::size_t>(i)] = seconds_since(start);
@@ -304,7 +316,7 @@ int run(const options& o) {
 
   // A round lasts as long as its slowest rank.
   std::vector<double> slowest(round_s);
-  MPI_Allreduce(MPI_IN_PLACE, slowest.data(), o.rounds, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  control.all_reduce(slowest, weft::reduce_op::max);
 
   // The same all-reduce inside each host: tells a slow host apart from a slow network.
   double host_busbw = 0;
@@ -336,10 +348,10 @@ int run(const options& o) {
   mine.wrong = static_cast<double>(wrong);
   mine.host_index = my_host;
   mine.host_busbw = host_busbw;
-  double fields[report_fields] = {mine.mean_ms, mine.min_ms,     mine.max_ms,   mine.copy_gbps,
-                                  mine.wrong,   mine.host_index, mine.host_busbw};
+  const std::vector<double> fields = {mine.mean_ms, mine.min_ms,     mine.max_ms,   mine.copy_gbps,
+                                      mine.wrong,   mine.host_index, mine.host_busbw};
   std::vector<double> gathered(static_cast<std::size_t>(report_fields * ranks));
-  MPI_Gather(fields, report_fields, MPI_DOUBLE, gathered.data(), report_fields, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  control.all_gather(fields, gathered);
 
   int status = 0;
   if (rank == 0) {
@@ -371,6 +383,10 @@ int run(const options& o) {
     }
     const double median_copy = median(copies);
     const double median_max_round = median(max_rounds);
+    // A rank stands out when it spends over 1.25 x the median rank's time in the all-reduce.
+    const double median_mean = median(means);
+    const bool slowest_stands_out =
+        ranks > 1 && reports[static_cast<std::size_t>(slowest_rank)].mean_ms > 1.25 * median_mean;
 
     std::printf("weft health check: all-reduce of %zu bytes (%zu float32) over %d ranks on %zu host%s, %s backend\n",
                 count * sizeof(float), count, ranks, hosts.size(), hosts.size() == 1 ? "" : "s", support::name);
@@ -386,7 +402,7 @@ int run(const options& o) {
     for (int r = 0; r < ranks; ++r) {
       const rank_report& rep = reports[static_cast<std::size_t>(r)];
       std::string notes;
-      if (r == slowest_rank && ranks > 1) notes += "  <- slowest";
+      if (r == slowest_rank && slowest_stands_out) notes += "  <- slowest";
       if (rep.copy_gbps < 0.5 * median_copy) notes += "  <- slow local memory";
       if (rep.max_ms > 3.0 * median_max_round && rep.max_ms > 1.5 * rep.mean_ms) notes += "  <- jitter";
       if (rep.wrong > 0) notes += "  <- WRONG RESULTS";
@@ -411,9 +427,8 @@ int run(const options& o) {
     if (slow) {
       // Which ranks or hosts stand out?
       const rank_report& worst = reports[static_cast<std::size_t>(slowest_rank)];
-      const double median_mean = median(means);
       bool singled_out = false;
-      if (ranks > 1 && worst.mean_ms > 1.25 * median_mean) {
+      if (slowest_stands_out) {
         causes.push_back("rank " + std::to_string(slowest_rank) + " on " + host_of[static_cast<std::size_t>(slowest_rank)] +
                          " spends " + format("%.2f", worst.mean_ms / median_mean) +
                          "x the median time in the all-reduce: check that rank's node (other processes, CPU or GPU "
@@ -514,7 +529,10 @@ int run(const options& o) {
       if (!out) throw std::runtime_error("cannot write '" + o.json_path + "'");
     }
   }
-  MPI_Bcast(&status, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  control.broadcast(std::span<int>(&status, 1), 0);
+  // The ranks leave together: one stopped after the status would otherwise leave the others in
+  // MPI_Finalize, which has no deadline.
+  control.barrier();
   return status;
 }
 
@@ -530,6 +548,8 @@ int main(int argc, char** argv) {
           if (rank == 0) std::printf("%s", usage_text);
           return 0;
         }
+        control_comm control(weft::mpi_backend::comm::world(o.comm_timeout), "world", weft::default_check_level(),
+                             o.comm_timeout);
         std::string backend = o.backend;
         if (backend == "auto") {
           int gpu = 0;  // nccl only when every rank sees a GPU
@@ -537,13 +557,13 @@ int main(int argc, char** argv) {
           int devices = 0;
           gpu = cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0 ? 1 : 0;
 #endif
-          MPI_Allreduce(MPI_IN_PLACE, &gpu, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+          control.all_reduce(std::span<int>(&gpu, 1), weft::reduce_op::min);
           backend = gpu != 0 ? "nccl" : "mpi";
         }
 #if WEFT_HAS_NCCL
-        if (backend == "nccl") return run<weft::nccl_backend>(o);
+        if (backend == "nccl") return run<weft::nccl_backend>(o, control);
 #endif
-        return run<weft::mpi_backend>(o);
+        return run<weft::mpi_backend>(o, control);
       },
       exit_aborted);
 }

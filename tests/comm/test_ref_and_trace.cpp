@@ -9,6 +9,7 @@
 #include <weft/trace/watchdog.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
@@ -101,6 +102,44 @@ TEST_CASE("the flight recorder numbers every operation and records its shape and
   CHECK(recorder.collectives() == 4);
   CHECK(recorder.members().size() == static_cast<std::size_t>(comm.size()));
   CHECK(recorder.members()[static_cast<std::size_t>(comm.rank())] == comm.rank());  // world: identity
+}
+
+TEST_CASE("splits, agreements and the checks of a check level run as recorded operations, under the deadline") {
+  auto comm = world();
+  const auto& recorder = comm.recorder();
+  auto half = comm.split(comm.rank() % 2, comm.rank(), "half");
+  comm.expect_same_on_all_ranks("a test value", 42);
+  const std::int64_t mine[2] = {comm.rank(), 7};
+  std::vector<std::int64_t> all(2 * static_cast<std::size_t>(comm.size()));
+  comm.host_all_gather(mine, all);
+  for (int r = 0; r < comm.size(); ++r) CHECK(all[2 * static_cast<std::size_t>(r)] == r);
+  // Under a check level the check's exchange runs inside the collective's own record: one record
+  // per collective, as at the default level.
+  std::vector<float> data(8, 1.0f);
+  for (weft::check_level level : {weft::check_level::communication, weft::check_level::fingerprint}) {
+    comm.set_checks(level);
+    comm.all_reduce(data);
+    auto pending = comm.all_reduce_async(data);
+    pending.wait();
+  }
+  comm.set_checks(weft::check_level::local);
+  const auto records = recorder.snapshot();
+  REQUIRE(records.size() == 7);
+  const weft::trace::operation expected[] = {weft::trace::operation::split,      weft::trace::operation::all_gather,
+                                             weft::trace::operation::all_gather, weft::trace::operation::all_reduce,
+                                             weft::trace::operation::all_reduce, weft::trace::operation::all_reduce,
+                                             weft::trace::operation::all_reduce};
+  for (std::size_t i = 0; i < records.size(); ++i) {
+    INFO("record " << i);
+    CHECK(records[i].op == expected[i]);
+    CHECK(records[i].state == weft::trace::op_state::completed);
+  }
+  CHECK(records[1].type == weft::dtype::int64);
+  CHECK(records[1].count == 1);
+  CHECK(records[2].count == 2);
+  CHECK(records[3].count == 8);
+  CHECK(recorder.collectives() == 7);
+  CHECK(data[0] == static_cast<float>(std::pow(comm.size(), 4)));
 }
 
 TEST_CASE("an async operation stays in flight until it completes, then is marked completed") {

@@ -102,13 +102,13 @@ class communicator {
 
   /// References (ref()) follow the communicator to its new place.
   communicator(communicator&& other) noexcept
-      : native_(std::move(other.native_)),
+      : recorder_(std::move(other.recorder_)),
+        watch_(std::move(other.watch_)),
+        native_(std::move(other.native_)),
         name_(std::move(other.name_)),
         checks_(other.checks_),
         check_interval_(other.check_interval_),
         stats_(other.stats_),
-        recorder_(std::move(other.recorder_)),
-        watch_(std::move(other.watch_)),
         anchor_(std::move(other.anchor_)) {
     if (anchor_) anchor_->target = this;
   }
@@ -393,11 +393,20 @@ class communicator {
   void barrier() { barrier_impl(completion::blocking); }
 
   /// Splits this communicator (collective): ranks with the same color form a group, ordered by
-  /// key. A negative color leaves this rank out and returns nothing.
+  /// key. A negative color leaves this rank out and returns nothing. The split is recorded and
+  /// held to the deadline like any collective.
   std::optional<communicator> split(int color, int key, std::string name) {
-    native_type child = native_.split(color, key);
-    if (!child.valid()) return std::nullopt;
-    return communicator(std::move(child), std::move(name), checks_, timeout());
+    std::optional<native_type> child;
+    watched(trace::operation::split, dtype::uint8, 0, [&] { child.emplace(native_.split(color, key)); });
+    if (!child->valid()) return std::nullopt;
+    return communicator(std::move(*child), std::move(name), checks_, timeout());
+  }
+
+  /// A small blocking all-gather of host values (agreement on a configuration): `gathered` holds
+  /// size() blocks of local.size() values, in rank order. Recorded and held to the deadline like
+  /// any collective; on device backends it stages through device memory.
+  void host_all_gather(std::span<const std::int64_t> local, std::span<std::int64_t> gathered) {
+    watched(trace::operation::all_gather, dtype::int64, local.size(), [&] { native_.host_all_gather(local, gathered); });
   }
 
   /// Checks (collectively) that every rank passed the same value; otherwise throws on every rank
@@ -406,7 +415,7 @@ class communicator {
   void expect_same_on_all_ranks(std::string_view what, std::uint64_t fingerprint) {
     std::vector<std::int64_t> all(static_cast<std::size_t>(size()));
     std::int64_t mine = static_cast<std::int64_t>(fingerprint);
-    native_.host_all_gather(std::span<const std::int64_t>(&mine, 1), all);
+    host_all_gather(std::span<const std::int64_t>(&mine, 1), all);
     std::string differing;
     for (int r = 0; r < size(); ++r) {
       if (all[static_cast<std::size_t>(r)] != all[0]) differing += (differing.empty() ? "" : ", ") + std::to_string(r);
@@ -432,21 +441,22 @@ class communicator {
   template <class Call>
   request dispatch(completion how, trace::operation kind, dtype type, std::size_t count, int peer, int reduction,
                    Call&& call) {
+    // A collective checked across ranks (check_call) was recorded before its check.
+    const std::uint64_t checked = std::exchange(checked_sequence_, 0);
     if (how == completion::blocking) {
-      const std::uint64_t sequence = recorder_->issue(kind, type, count, peer, reduction, /*started=*/true);
-      try {
-        call(completion::blocking).wait();
-      } catch (const backend_error& e) {
-        recorder_->finish(sequence, false);
-        throw e.during(operation_text(kind, type, count, peer));
-      } catch (...) {
-        recorder_->finish(sequence, false);
-        throw;
-      }
-      recorder_->finish(sequence);
+      std::uint64_t sequence = checked;
+      if (sequence == 0) [[likely]] sequence = recorder_->issue(kind, type, count, peer, reduction, /*started=*/true);
+      else recorder_->start(sequence);
+      finish_recorded(sequence, [&] {
+        try {
+          call(completion::blocking).wait();
+        } catch (const backend_error& e) {
+          throw e.during(operation_text(kind, type, count, peer));
+        }
+      });
       return request{};
     }
-    const std::uint64_t sequence = recorder_->issue(kind, type, count, peer, reduction);
+    const std::uint64_t sequence = checked != 0 ? checked : recorder_->issue(kind, type, count, peer, reduction);
     recorder_->offer(sequence);
     try {
       request pending = call(completion::async);
@@ -468,6 +478,27 @@ class communicator {
   [[gnu::cold]] std::string operation_text(trace::operation kind, dtype type, std::size_t count, int peer) const {
     return detail::operation_text(kind_name(kind), name_, rank(), size(), count, to_string(type),
                                   trace::is_collective(kind) ? "root" : "peer", peer);
+  }
+
+  /// Runs `work`, a blocking call of this rank, as the recorded operation `sequence`: marked
+  /// completed when it returns, failed when it throws.
+  template <class Work>
+  void finish_recorded(std::uint64_t sequence, Work&& work) {
+    try {
+      work();
+    } catch (...) {
+      recorder_->finish(sequence, false);
+      throw;
+    }
+    recorder_->finish(sequence);
+  }
+
+  /// A blocking exchange that is not one of the typed operations (split, agreement), recorded as
+  /// `kind` so that the watchdog holds it to the deadline: a rank that never joins times the
+  /// others out with the usual message and dump.
+  template <class Work>
+  void watched(trace::operation kind, dtype type, std::size_t count, Work&& work) {
+    finish_recorded(recorder_->issue(kind, type, count, -1, -1, /*started=*/true), std::forward<Work>(work));
   }
 
   request barrier_impl(completion how) {
@@ -531,29 +562,45 @@ class communicator {
   /// check_level::fingerprint: every N-th collective, all ranks compare the rolling fingerprint of
   /// their collectives, this one included.
   void agree_on_call(trace::operation kind, std::size_t count, dtype type, reduce_op op, int root) {
-    if (checks_ != check_level::local) [[unlikely]] {
-      if (checks_ == check_level::communication) agree_on_call_across_ranks(kind, count, type, op, root);
-      else compare_fingerprints(kind, count, type, reduces(kind) ? static_cast<int>(op) : -1, root);
-    }
+    if (checks_ != check_level::local) [[unlikely]]
+      check_call(kind, count, type, op, root);
   }
 
-  [[gnu::noinline]] void compare_fingerprints(trace::operation kind, std::size_t count, dtype type, int reduction,
-                                              int root) {
-    const std::uint64_t index = recorder_->collectives() + 1;
+  /// The collective is recorded first and its check's exchange runs inside that record, so the
+  /// check has the collective's deadline: a rank that never arrives times the others out naming
+  /// the collective, as at check_level::local. dispatch() then runs the call under this record.
+  [[gnu::noinline]] void check_call(trace::operation kind, std::size_t count, dtype type, reduce_op op, int root) {
+    const int reduction = reduces(kind) ? static_cast<int>(op) : -1;
+    const std::uint64_t sequence = recorder_->issue(kind, type, count, root, reduction);
+    try {
+      if (checks_ == check_level::communication) agree_on_call_across_ranks(kind, count, type, op, root);
+      else compare_fingerprints(kind, count, type, reduction, root, sequence);
+    } catch (...) {
+      recorder_->finish(sequence, false);
+      throw;
+    }
+    checked_sequence_ = sequence;
+  }
+
+  /// `sequence`: this collective's record, already issued (and folded into the fingerprint).
+  void compare_fingerprints(trace::operation kind, std::size_t count, dtype type, int reduction, int root,
+                            std::uint64_t sequence) {
+    const std::uint64_t index = recorder_->collectives();
     if (index % check_interval_ != 0) return;
-    const std::uint64_t next = trace::fold_call(recorder_->fingerprint(), kind, type, count, reduction, root, index);
+    const std::uint64_t next = recorder_->fingerprint();
     const std::int64_t mine[2] = {static_cast<std::int64_t>(index), static_cast<std::int64_t>(next)};
     std::vector<std::int64_t> all(2 * static_cast<std::size_t>(size()));
     native_.host_all_gather(std::span<const std::int64_t>(mine, 2), all);
     bool same = true;
     for (std::size_t i = 0; i < all.size(); ++i) same = same && all[i] == all[i % 2];
-    if (!same) report_divergence(kind, count, type, reduction, root, index);
+    if (!same) report_divergence(kind, count, type, reduction, root, index, sequence);
   }
 
   /// The fingerprints differ: every rank sends its recent collectives (this one last), and all
   /// throw the same error naming the first collective where the ranks' calls differ.
   [[noreturn, gnu::cold, gnu::noinline]] void report_divergence(trace::operation kind, std::size_t count, dtype type,
-                                                               int reduction, int root, std::uint64_t index) {
+                                                               int reduction, int root, std::uint64_t index,
+                                                               std::uint64_t this_sequence) {
     constexpr std::size_t fields = 7;  // collective index, sequence, operation, dtype, count, reduction, root
     const std::size_t window = static_cast<std::size_t>(std::min<std::uint64_t>({check_interval_, 256, index}));
     std::vector<std::int64_t> mine(window * fields, 0);
@@ -568,12 +615,12 @@ class communicator {
       f[5] = red;
       f[6] = rt;
     };
-    put(window - 1, index, recorder_->issued() + 1, kind, type, count, reduction, root);
+    put(window - 1, index, this_sequence, kind, type, count, reduction, root);
     const std::vector<trace::flight_record> history = recorder_->snapshot();
     std::uint64_t collective = index - 1;
     std::size_t row = window - 1;
     for (auto r = history.rbegin(); r != history.rend() && row > 0 && collective > 0; ++r) {
-      if (!trace::is_collective(r->op)) continue;
+      if (!trace::is_collective(r->op) || r->sequence >= this_sequence) continue;
       --row;
       put(row, collective--, r->sequence, r->op, r->type, r->count, r->reduction, r->peer);
     }
@@ -728,13 +775,16 @@ class communicator {
                     [&](completion mode) { return native_.group_p2p(ops, mode); });
   }
 
+  // The recorder and the watch are declared before the native communicator, so they are destroyed
+  // after it: work it still has queued, which its destruction waits for, stays under the deadline.
+  std::shared_ptr<trace::flight_recorder> recorder_;
+  trace::watchdog::registration watch_;
   native_type native_;
   std::string name_;
   check_level checks_;
   std::uint64_t check_interval_ = 1;
+  std::uint64_t checked_sequence_ = 0;  ///< set by check_call, taken by the next dispatch
   comm_stats stats_;
-  std::shared_ptr<trace::flight_recorder> recorder_;
-  trace::watchdog::registration watch_;
   std::shared_ptr<detail::communicator_anchor<B>> anchor_;
 };
 

@@ -40,7 +40,8 @@ namespace detail::launch {
 inline void agree_on_failure(const std::exception_ptr& failure, MPI_Comm comm, const char* step) {
   int failed = failure ? 1 : 0;
   int any_failed = 0;
-  WEFT_CHECK_MPI(MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, comm));
+  WEFT_CHECK_MPI(launch_call(comm, trace::operation::all_reduce, dtype::int32, 1,
+                             [&] { return MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, comm); }));
   if (failure) std::rethrow_exception(failure);
   if (any_failed) fail(std::string(step) + " failed on another rank (see that rank's error)");
 }
@@ -62,7 +63,9 @@ inline ncclUniqueId exchange_unique_id(MPI_Comm comm, int root = 0) {
     std::memcpy(message, &code, sizeof(int));
     std::memcpy(message + sizeof(int), &id, sizeof(id));
   }
-  WEFT_CHECK_MPI(MPI_Bcast(message, static_cast<int>(sizeof(message)), MPI_BYTE, root, comm));
+  WEFT_CHECK_MPI(detail::launch::launch_call(comm, trace::operation::broadcast, dtype::uint8, sizeof(message), [&] {
+    return MPI_Bcast(message, static_cast<int>(sizeof(message)), MPI_BYTE, root, comm);
+  }));
   if (made != ncclSuccess) detail::throw_nccl_error(made, nullptr, "ncclGetUniqueId(&id)", std::source_location::current());
   int code = 0;
   std::memcpy(&code, message, sizeof(int));

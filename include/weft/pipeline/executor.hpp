@@ -356,7 +356,7 @@ class executor {
     mine[detail::field_layers] = options_.layers;
     mine[detail::field_prefetch] = prefetch_;
     std::vector<std::int64_t> all(detail::executor_fields * static_cast<std::size_t>(pp.size()));
-    pp.native().host_all_gather(std::span<const std::int64_t>(mine), all);
+    pp.host_all_gather(std::span<const std::int64_t>(mine), all);  // recorded and held to the deadline
     const std::vector<std::string> problems = detail::executor_problems(table_, all, pp.name(), stream_ordered);
     if (problems.empty()) return;
     std::string message = "pipeline executor on group '" + pp.name() + "' (stage " + std::to_string(pp.rank()) + " of " +

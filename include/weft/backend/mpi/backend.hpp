@@ -26,12 +26,14 @@
 #include <mpi.h>
 
 #include <array>
+#include <chrono>
 #include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <source_location>
 #include <span>
 #include <string>
@@ -43,10 +45,11 @@
 #include <weft/backend/mpi/datatypes.hpp>
 #include <weft/backend/mpi/detail/finalize_watch.hpp>
 #include <weft/backend/mpi/detail/progress_thread.hpp>
+#include <weft/backend/mpi/detail/watched_call.hpp>
+#include <weft/core/timeout.hpp>
 #include <weft/trace/abort_action.hpp>
 #include <weft/trace/flight_recorder.hpp>
 
-#include <unistd.h>
 
 namespace weft {
 
@@ -215,17 +218,24 @@ struct mpi_backend {
     comm() = default;
 
     /// A private duplicate of `parent` (weft's traffic never matches the caller's own messages),
-    /// with errors returned to weft instead of aborting.
-    static comm duplicate(MPI_Comm parent) {
+    /// with errors returned to weft instead of aborting. Collective over `parent`, and held to
+    /// `timeout` (default: WEFT_COMM_TIMEOUT's) like any operation: a rank that never joins ends
+    /// the job through the watchdog (detail/watched_call.hpp).
+    static comm duplicate(MPI_Comm parent, std::optional<std::chrono::milliseconds> timeout = std::nullopt) {
       MPI_Comm handle = MPI_COMM_NULL;
-      WEFT_CHECK_MPI(MPI_Comm_dup(parent, &handle));
+      detail::mpi::watched_call(parent, parent == MPI_COMM_WORLD  ? "MPI_COMM_WORLD"
+                                : parent == MPI_COMM_SELF ? "MPI_COMM_SELF"
+                                                          : "the parent MPI communicator",
+                                trace::operation::dup, dtype::uint8, 0,
+                                timeout ? *timeout : comm_timeout_from_environment(),
+                                [&] { WEFT_CHECK_MPI(MPI_Comm_dup(parent, &handle)); });
       return comm(handle);
     }
     /// Needs MPI initialised (weft::mpi_environment); before that, or after MPI_Finalize, a
     /// weft::error says so instead of MPI aborting the process.
-    static comm world() {
+    static comm world(std::optional<std::chrono::milliseconds> timeout = std::nullopt) {
       detail::mpi::expect_initialized("mpi_backend::comm::world()");
-      return duplicate(MPI_COMM_WORLD);
+      return duplicate(MPI_COMM_WORLD, timeout);
     }
     /// A communicator of this rank alone; creating it involves no other rank.
     static comm self() {
@@ -260,24 +270,9 @@ struct mpi_backend {
     void attach_recorder(std::shared_ptr<trace::flight_recorder> recorder) noexcept { recorder_ = std::move(recorder); }
 
     /// What the watchdog does to abort this communicator: MPI_Abort on MPI_COMM_WORLD (MPI has no
-    /// way to abort one communicator alone), which ends every rank of the job with `status`. The
-    /// watchdog calls it from its own thread, which MPI allows only under MPI_THREAD_MULTIPLE; at
-    /// a lower level it says so and returns, and the watchdog ends this process with the same
-    /// status (the launcher then ends the others).
-    trace::abort_action abort_action() const {
-      return {[threads_ok = threads_ok_](int status) {
-                if (detail::mpi::mpi_finalized()) return;
-                if (!threads_ok) {
-                  const std::string text = "weft: MPI was initialised below MPI_THREAD_MULTIPLE, so MPI_Abort cannot be "
-                                           "called from the watchdog's thread; ending this process with status " +
-                                           std::to_string(status) + " instead\n";
-                  [[maybe_unused]] auto written = write(STDERR_FILENO, text.data(), text.size());
-                  return;
-                }
-                MPI_Abort(MPI_COMM_WORLD, status);
-              },
-              /*ends_process=*/true};
-    }
+    /// way to abort one communicator alone), which ends every rank of the job with `status`
+    /// (detail::mpi::abort_job: below MPI_THREAD_MULTIPLE it ends this process instead).
+    trace::abort_action abort_action() const { return detail::mpi::abort_job(); }
 
     /// The world rank of each member, in this communicator's rank order.
     std::vector<int> world_ranks() const {
