@@ -17,94 +17,29 @@
 Standard library only.
 """
 import argparse
-import glob
-import json
 import os
 import random
 import re
-import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 
-RANKS = 4
+from fault_job import RANKS, fail
+import fault_job
+
 GRACE = 2.0  # WEFT_ABORT_GRACE of these jobs: a rank that timed out waits at most half for the others' dumps
 
 
-def fail(message, output=""):
-    if output:
-        sys.stderr.write(output[-8000:] + "\n")
-    sys.stderr.write("dump_tests: FAILED: " + message + "\n")
-    sys.exit(1)
-
-
-class job:
+def job(args, mode, deadline, directory=None, extra_env=None):
     """mpiexec -n 4 dump_program DIR MODE SECONDS, with the rank pids it wrote."""
-
-    def __init__(self, args, mode, deadline, directory=None, extra_env=None):
-        self.dir = directory or tempfile.mkdtemp(prefix="weft-dump-")
-        for stale_pid in glob.glob(os.path.join(self.dir, "pid-*")):
-            os.remove(stale_pid)
-        env = dict(os.environ)
-        env["WEFT_COMM_TIMEOUT"] = str(deadline)
-        env["WEFT_TRACE_DIR"] = self.dir
-        env["WEFT_ABORT_GRACE"] = str(GRACE)
-        env.update(extra_env or {})
-        command = [args.mpiexec, "-n", str(RANKS), "--oversubscribe", "--bind-to", "none", args.program,
-                   self.dir, mode, "60"]
-        self.output_path = os.path.join(self.dir, "output-%d.txt" % time.monotonic_ns())
-        self.output_file = open(self.output_path, "w")
-        self.process = subprocess.Popen(command, env=env, stdout=self.output_file, stderr=subprocess.STDOUT)
-        self.pids = {}
-
-    def wait_for_pids(self, limit=60):
-        end = time.monotonic() + limit
-        while time.monotonic() < end:
-            for rank in range(RANKS):
-                path = os.path.join(self.dir, "pid-%d" % rank)
-                if rank not in self.pids and os.path.exists(path):
-                    text = open(path).read().strip()
-                    if text:
-                        self.pids[rank] = int(text)
-            if len(self.pids) == RANKS:
-                return
-            if self.process.poll() is not None:
-                fail("the job ended before every rank started", self.output())
-            time.sleep(0.05)
-        self.kill_all()
-        fail("the ranks did not start within %d s" % limit, self.output())
-
-    def wait(self, limit):
-        try:
-            return self.process.wait(timeout=limit)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def output(self):
-        self.output_file.flush()
-        return open(self.output_path).read()
-
-    def kill_all(self):
-        for pid in self.pids.values():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.process.kill()
-        self.process.wait()
-
-    def dump(self, rank):
-        path = os.path.join(self.dir, "weft-flight-%d.json" % rank)
-        if not os.path.exists(path):
-            return None
-        with open(path) as f:
-            return json.load(f)
-
-    def cleanup(self):
-        self.output_file.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+    directory = directory or tempfile.mkdtemp(prefix="weft-dump-")
+    env = dict(os.environ)
+    env["WEFT_COMM_TIMEOUT"] = str(deadline)
+    env["WEFT_TRACE_DIR"] = directory
+    env["WEFT_ABORT_GRACE"] = str(GRACE)
+    env.update(extra_env or {})
+    return fault_job.job(args.mpiexec, [args.program, directory, mode, "60"], env, directory)
 
 
 def stop_and_wait(run, victim, deadline, what):

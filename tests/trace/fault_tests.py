@@ -30,109 +30,29 @@ with status 124. In every case every rank must be gone within 2 x the deadline o
 Standard library only.
 """
 import argparse
-import glob
 import os
 import random
 import re
-import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 
-RANKS = 4
+from fault_job import RANKS, fail
+import fault_job
 
 
-def fail(message, output=""):
-    if output:
-        sys.stderr.write(output[-8000:] + "\n")
-    sys.stderr.write("fault_tests: FAILED: " + message + "\n")
-    sys.exit(1)
-
-
-def alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie is gone for our purposes.
-    try:
-        with open("/proc/%d/stat" % pid) as stat:
-            return stat.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-class job:
+def job(args, program_args, deadline, extra_env=None, command=None):
     """mpiexec -n 4 fault_program DIR ARGS..., with the rank pids it wrote; or, given `command`,
     mpiexec -n 4 COMMAND... (the deadline is then the command's business)."""
-
-    def __init__(self, args, program_args, deadline, extra_env=None, command=None):
-        self.dir = tempfile.mkdtemp(prefix="weft-fault-")
-        env = dict(os.environ)
-        if command is None:
-            env["WEFT_COMM_TIMEOUT"] = str(deadline)
-            command = [args.program, self.dir] + program_args
-        env["WEFT_TRACE_DIR"] = self.dir
-        env.update(extra_env or {})
-        command = [args.mpiexec, "-n", str(RANKS), "--oversubscribe", "--bind-to", "none"] + command
-        self.output_path = os.path.join(self.dir, "output.txt")
-        self.output_file = open(self.output_path, "w")
-        self.process = subprocess.Popen(command, env=env, stdout=self.output_file, stderr=subprocess.STDOUT)
-        self.pids = {}
-
-    def wait_for_pids(self, limit=60):
-        end = time.monotonic() + limit
-        while time.monotonic() < end:
-            for rank in range(RANKS):
-                path = os.path.join(self.dir, "pid-%d" % rank)
-                if rank not in self.pids and os.path.exists(path):
-                    text = open(path).read().strip()
-                    if text:
-                        self.pids[rank] = int(text)
-            if len(self.pids) == RANKS:
-                return
-            if self.process.poll() is not None:
-                fail("the job ended before every rank started", self.output())
-            time.sleep(0.05)
-        self.kill_all()
-        fail("the ranks did not start within %d s" % limit, self.output())
-
-    def wait(self, limit):
-        try:
-            return self.process.wait(timeout=limit)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def output(self):
-        self.output_file.flush()
-        return open(self.output_path).read()
-
-    def kill_all(self):
-        for pid in self.pids.values():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.process.kill()
-        self.process.wait()
-
-    def survivors(self, grace=2.0):
-        end = time.monotonic() + grace
-        while time.monotonic() < end:
-            left = [rank for rank, pid in self.pids.items() if alive(pid)]
-            if not left:
-                return []
-            time.sleep(0.05)
-        return [rank for rank, pid in self.pids.items() if alive(pid)]
-
-    def dumps(self):
-        return sorted(glob.glob(os.path.join(self.dir, "weft-flight-*.json")))
-
-    def cleanup(self):
-        self.output_file.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+    directory = tempfile.mkdtemp(prefix="weft-fault-")
+    env = dict(os.environ)
+    if command is None:
+        env["WEFT_COMM_TIMEOUT"] = str(deadline)
+        command = [args.program, directory] + program_args
+    env["WEFT_TRACE_DIR"] = directory
+    env.update(extra_env or {})
+    return fault_job.job(args.mpiexec, command, env, directory)
 
 
 def harm_and_time(args, sig, victim, program_args, deadline, settle):
