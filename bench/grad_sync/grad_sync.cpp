@@ -65,7 +65,7 @@ constexpr const char* usage_text =
     "  --iterations N          timed iterations, all rounds together [12]\n"
     "  --rounds N              rounds the iterations are split into [3]\n"
     "  --warmup N              untimed iterations before the first round [1]\n"
-    "  --bucket-mib X          weft's bucket cap in MiB [25]\n"
+    "  --bucket-mib X          weft's bucket cap in MiB [measured: the synchronizer's default]\n"
     "  --first-bucket-mib X    weft's first bucket cap in MiB [1]\n"
     "  --pad N                 weft pads buckets to multiples of N elements [128]\n"
     "  --sweep                 also time other bucket caps and paddings\n"
@@ -105,7 +105,9 @@ int main(int argc, char** argv) {
     if (!ddp_result.empty() && !ddp_failed.empty())
       throw weft_programs::usage_error("give --ddp-result or --ddp-failed, not both");
     const int layers = parse_count("--layers", argc, argv, "12", 0);
-    const double bucket_mib = parse_mib("--bucket-mib", argc, argv, "25");
+    // Without --bucket-mib, weft runs at its default: a cap measured at freeze().
+    const bool given_cap = !option(argc, argv, "--bucket-mib").empty();
+    const double bucket_mib = given_cap ? parse_mib("--bucket-mib", argc, argv, "25") : 0.0;
     const double first_mib = parse_mib("--first-bucket-mib", argc, argv, "1");
     const std::size_t pad = static_cast<std::size_t>(parse_count("--pad", argc, argv, "128", 0));
     const std::string json_path = option(argc, argv, "--json");
@@ -122,7 +124,8 @@ int main(int argc, char** argv) {
     for (const auto& s : shapes) total += s.count();
 
     auto mib = [](double m) { return static_cast<std::size_t>(m * (1 << 20)); };
-    weft::grad::sync_options defaults{.bucket_bytes = mib(bucket_mib), .first_bucket_bytes = mib(first_mib),
+    weft::grad::sync_options defaults{.bucket_bytes = given_cap ? mib(bucket_mib) : weft::grad::measured_bucket_bytes,
+                                      .first_bucket_bytes = mib(first_mib),
                                       .pad_elements = pad};
     auto summing = defaults;
     summing.scale = weft::grad::scaling::sum;
@@ -165,7 +168,7 @@ int main(int argc, char** argv) {
     // Extra weft configurations, to choose the defaults from measurements.
     std::vector<std::unique_ptr<sync_t>> swept;
     if (sweep) {
-      for (double cap : {1.0, 4.0, 8.0, 16.0, 50.0, 100.0}) {
+      for (double cap : {1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 50.0, 100.0}) {
         auto o = summing;
         o.bucket_bytes = mib(cap);
         swept.push_back(make_sync(dp, shapes, o));
@@ -234,8 +237,10 @@ int main(int argc, char** argv) {
       std::printf("# GPT-2 small gradients: %zu parameters, %zu floats (%.1f MB), %d ranks, %zu iterations in %d "
                   "rounds (medians; each the slowest rank's time)\n",
                   shapes.size(), total, bytes / 1e6, ranks, variants[0].times.size(), rounds);
-      std::printf("# weft plan: %zu buckets, cap %.3g MiB, first %.3g MiB, pad %zu\n",
-                  weft_sum->plan().buckets().size(), bucket_mib, first_mib, pad);
+      const double cap_mib = static_cast<double>(weft_sum->bucket_choice().bucket_bytes) / (1 << 20);
+      std::printf("# weft plan: %zu buckets, cap %.3g MiB, first %.3g MiB, pad %zu\n# %s\n",
+                  weft_sum->plan().buckets().size(), cap_mib, first_mib, pad,
+                  weft_sum->bucket_choice().describe().c_str());
       std::printf("%-18s %10s %10s %10s %12s %12s %12s\n", "variant", "median_ms", "min_ms", "max_ms", "algbw_GB/s",
                   "busbw_GB/s", "vs_best_mpi");
       for (const variant& v : variants) {
@@ -260,6 +265,16 @@ int main(int argc, char** argv) {
       if (ddp_s > 0) std::printf(", weft / DDP = %.3f (target <= 0.50)", weft_s / ddp_s);
       if (ddp_status == "failed") std::printf(", weft / DDP not measured: DDP failed");
       std::printf("\n# results %s\n", correct ? "correct" : "WRONG");
+      if (sweep) {
+        // The cap the probe chose against the best swept one, in the same run.
+        const variant* best_swept = nullptr;
+        for (const variant& v : variants)
+          if (v.name.rfind("weft_cap", 0) == 0 && (!best_swept || median(v.times) < median(best_swept->times)))
+            best_swept = &v;
+        if (best_swept)
+          std::printf("# weft (cap %.3g MiB) / best swept cap (%s) = %.3f (target <= 1.03)\n", cap_mib,
+                      best_swept->name.c_str() + 8, weft_s / median(best_swept->times));
+      }
       std::printf("%s", weft_sum->plan().describe().c_str());
       if (!json_path.empty()) {
         std::ofstream out(json_path);
@@ -270,7 +285,8 @@ int main(int argc, char** argv) {
             << ", \"iterations\": " << variants[0].times.size() << ", \"ddp_iterations\": " << ddp_times.size()
             << ", \"ddp_status\": " << weft_programs::json_string(ddp_status)
             << ", \"ddp_reason\": " << (ddp_reason.empty() ? "null" : weft_programs::json_string(ddp_reason))
-            << ", \"layers\": " << layers
+            << ", \"layers\": " << layers << ", \"bucket_bytes\": " << weft_sum->bucket_choice().bucket_bytes
+            << ", \"bucket_cap_measured\": " << (given_cap ? "false" : "true")
             << "}\n";
       }
     }

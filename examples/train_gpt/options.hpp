@@ -47,7 +47,7 @@ layout (degrees multiply to the ranks; dp defaults to ranks / (tp pp cp))
   --zero1                the same as --sharding zero1
   --ranks-per-node N     with --sharding hsdp: the ranks of a node (default: the launcher's ranks on this node)
   --no-overlap           reduce gradients after backward instead of during it
-  --bucket-mb X          gradient bucket size in MiB (default 25)
+  --bucket-mb X          gradient bucket size in MiB (default: measured on the dp group at start-up)
   --hardware FILE        a description of these ranks measured by `weft-plan --probe FILE` (same launch):
                          each step also reports the tuner's predicted step time for the layout
   --plan                 with --hardware: the tuner picks the layout (degrees, virtual stages, micro-batch,
@@ -88,7 +88,7 @@ struct options {
   bool hybrid = false;
   int ranks_per_node = 0;  // 0: the launcher's
   bool overlap = true;
-  double bucket_mb = 25;
+  double bucket_mb = 0;  // 0: the synchronizer measures its cap
   std::optional<std::string> save, resume, dump_grads, log_json, trace, hardware;
   bool plan = false;
   bool layout_flags = false;  // any of --tp --pp --dp --cp --vp --micro-batch --sequence-parallel --zero1 --schedule

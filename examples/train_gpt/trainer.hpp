@@ -203,7 +203,8 @@ class trainer {
     }
     sync_ = std::make_unique<weft::grad::synchronizer<B, float>>(
         groups_.get(weft::layout::group_kind::dp_cp),
-        weft::grad::sync_options{.bucket_bytes = static_cast<std::size_t>(o_.bucket_mb * (1 << 20)),
+        weft::grad::sync_options{.bucket_bytes = o_.bucket_mb > 0 ? static_cast<std::size_t>(o_.bucket_mb * (1 << 20))
+                                                                   : weft::grad::measured_bucket_bytes,
                                  .scale = weft::grad::scaling::sum,
                                  .shard_optimizer_state = o_.zero1,
                                  .overlap = o_.overlap,

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <stdexcept>
 #include <string_view>
 #include <chrono>
@@ -499,4 +500,112 @@ TEST_CASE("bad options and a forgotten token count", "[grad][sync][errors]") {
   mean.add_param("a", 10);
   mean.freeze();
   REQUIRE_THROWS_WITH(mean.set_token_count(100), Catch::Contains("token_count"));
+}
+
+TEST_CASE("the bucket cap is the largest size as fast per byte as the best", "[grad][sync][sizing]") {
+  using weft::grad::curve_point;
+  constexpr std::size_t mib = std::size_t{1} << 20;
+  // Bandwidth in bytes per second -> a point of that size.
+  auto at = [](std::size_t bytes, double bandwidth) { return curve_point{bytes, static_cast<double>(bytes) / bandwidth}; };
+  SECTION("an algorithm switch above 16 MiB (this machine's Open MPI): 16 MiB, not the largest") {
+    std::vector<curve_point> curve{at(1 * mib, 3.0e9), at(2 * mib, 4.6e9), at(4 * mib, 4.9e9), at(8 * mib, 5.0e9),
+                                   at(16 * mib, 4.9e9), at(32 * mib, 3.1e9), at(64 * mib, 2.9e9)};
+    auto choice = weft::grad::choose_bucket_bytes(curve);
+    REQUIRE(choice.best_bytes == 8 * mib);
+    REQUIRE(choice.bucket_bytes == 16 * mib);  // 4.9 >= 0.95 x 5.0
+    REQUIRE(weft::grad::choose_bucket_bytes(curve, 0.0).bucket_bytes == 8 * mib);
+  }
+  SECTION("bandwidth that keeps growing: the largest size") {
+    std::vector<curve_point> curve{at(1 * mib, 1e9), at(2 * mib, 2e9), at(4 * mib, 3e9)};
+    REQUIRE(weft::grad::choose_bucket_bytes(curve).bucket_bytes == 4 * mib);
+  }
+  SECTION("just outside the tolerance is left out") {
+    std::vector<curve_point> curve{at(1 * mib, 10e9), at(2 * mib, 9.49e9), at(4 * mib, 9.51e9)};
+    REQUIRE(weft::grad::choose_bucket_bytes(curve).bucket_bytes == 4 * mib);
+    curve.back() = at(4 * mib, 9.49e9);
+    REQUIRE(weft::grad::choose_bucket_bytes(curve).bucket_bytes == 1 * mib);
+  }
+  SECTION("bad curves") {
+    REQUIRE_THROWS_WITH(weft::grad::choose_bucket_bytes({}), Catch::Contains("no measured sizes"));
+    std::vector<curve_point> zero{{1 * mib, 0.0}};
+    REQUIRE_THROWS_WITH(weft::grad::choose_bucket_bytes(zero), Catch::Contains("must be positive"));
+    std::vector<curve_point> fine{{1 * mib, 1.0}};
+    REQUIRE_THROWS_WITH(weft::grad::choose_bucket_bytes(fine, 1.5), Catch::Contains("tolerance"));
+  }
+}
+
+TEST_CASE("a measured bucket cap is the same on every rank and drives the plan", "[grad][sync][sizing]") {
+  auto dp = dp_group();
+  constexpr std::size_t kib = 1024;
+  // 3 MiB of float gradients in 24 parameters: the probe times 256 KiB .. 2 MiB, then 3 MiB.
+  const bool shard = GENERATE(false, true);
+  synchronizer<weft::mpi_backend> sync(dp, {.shard_optimizer_state = shard, .warn_if_not_overlapped = false});
+  for (int p = 0; p < 24; ++p) sync.add_param("p" + std::to_string(p), 32 * kib);
+  sync.freeze();
+  const auto& choice = sync.bucket_choice();
+  REQUIRE(choice.curve.size() >= 2);
+  std::vector<std::size_t> expected_sizes{256 * kib, 512 * kib, 1024 * kib, 2048 * kib, 3072 * kib};
+  for (std::size_t i = 0; i < choice.curve.size(); ++i) {
+    // Each size rounded up to whole elements per rank (a reduce-scatter splits it evenly).
+    const std::size_t unit = sizeof(float) * static_cast<std::size_t>(dp.size());
+    REQUIRE(choice.curve[i].bytes == (expected_sizes[i] + unit - 1) / unit * unit);
+    REQUIRE(choice.curve[i].seconds > 0);
+  }
+  // The chosen cap, recomputed from the curve by the rule: the largest size within 5 % of the best.
+  double best = 0;
+  for (const auto& p : choice.curve) best = std::max(best, static_cast<double>(p.bytes) / p.seconds);
+  std::size_t largest_fast = 0;
+  for (const auto& p : choice.curve)
+    if (static_cast<double>(p.bytes) / p.seconds >= 0.95 * best) largest_fast = std::max(largest_fast, p.bytes);
+  REQUIRE(choice.bucket_bytes == largest_fast);
+  REQUIRE(sync.plan().buckets().size() >= 1);
+  // Every rank measured the same curve and chose the same cap.
+  const auto caps = all_gather_world(static_cast<std::int64_t>(choice.bucket_bytes));
+  REQUIRE(std::all_of(caps.begin(), caps.end(), [&](std::int64_t c) { return c == caps[0]; }));
+  for (const auto& p : choice.curve) {
+    const auto times = all_gather_world(std::bit_cast<std::int64_t>(p.seconds));
+    REQUIRE(std::all_of(times.begin(), times.end(), [&](std::int64_t t) { return t == times[0]; }));
+  }
+  // The buckets after the first are no larger than the cap (a larger parameter would have its own).
+  const auto buckets = sync.plan().buckets();
+  for (std::size_t b = 1; b < buckets.size(); ++b) REQUIRE(buckets[b].used * sizeof(float) <= choice.bucket_bytes);
+  REQUIRE_THAT(choice.describe(), Catch::Contains("measured"));
+
+  // The reduction still sums: every rank adds ones.
+  std::fill(sync.grads().all().begin(), sync.grads().all().end(), 1.0f);
+  sync.reduce_all();
+  if (!shard) REQUIRE(sync.grad(23)[0] == 1.0f);  // mean over ranks
+}
+
+TEST_CASE("a given bucket cap skips the probe; ranks that disagree on measuring are stopped", "[grad][sync][sizing]") {
+  auto dp = dp_group();
+  SECTION("given") {
+    synchronizer<weft::mpi_backend> sync(dp, {.bucket_bytes = 64 * 1024});
+    sync.add_param("a", 1 << 20);
+    sync.freeze();
+    REQUIRE(sync.bucket_choice().curve.empty());
+    REQUIRE(sync.bucket_choice().bucket_bytes == 64 * 1024);
+  }
+  SECTION("gradients smaller than the smallest probed size: one bucket, nothing timed") {
+    synchronizer<weft::mpi_backend> sync(dp);
+    sync.add_param("a", 100);
+    sync.add_param("b", 100);
+    sync.freeze();
+    REQUIRE(sync.bucket_choice().curve.empty());
+    REQUIRE(sync.plan().buckets().size() == 1);
+  }
+  SECTION("rank 0 measures, the others give a cap") {
+    weft::grad::sync_options o;
+    if (dp.rank() != 0) o.bucket_bytes = 1 << 20;
+    synchronizer<weft::mpi_backend> sync(dp, o);
+    sync.add_param("a", 1 << 20);
+    REQUIRE_THROWS_WITH(sync.freeze(), Catch::Contains("measured or given bucket cap") && Catch::Contains("disagree"));
+  }
+  SECTION("probe budgets differ") {
+    weft::grad::sync_options o;
+    o.probe.budget_s = dp.rank() == 0 ? 0.1 : 0.2;
+    synchronizer<weft::mpi_backend> sync(dp, o);
+    sync.add_param("a", 1 << 20);
+    REQUIRE_THROWS_WITH(sync.freeze(), Catch::Contains("probe options"));
+  }
 }

@@ -4,6 +4,7 @@
 /// `weft::grad::synchronizer<B> sync(dp, {.accumulation_steps = 8, .scale = weft::grad::scaling::sum});`
 
 #include <cstddef>
+#include <limits>
 
 namespace weft::grad {
 
@@ -21,9 +22,24 @@ enum class reduce_precision {
   fp32,  ///< half and bfloat16 gradients are converted to float, reduced, and converted back
 };
 
+/// `sync_options::bucket_bytes` value that asks the synchronizer to measure its cap (the default;
+/// weft/grad/bucket_sizing.hpp says how).
+inline constexpr std::size_t measured_bucket_bytes = std::numeric_limits<std::size_t>::max();
+
+/// How the synchronizer measures its bucket cap at freeze() (weft/grad/bucket_sizing.hpp).
+struct probe_options {
+  std::size_t smallest_bytes = std::size_t{256} << 10;  ///< the first size timed
+  std::size_t largest_bytes = std::size_t{128} << 20;   ///< never more than this (nor the gradients' size)
+  double budget_s = 0.2;    ///< no new size is started once the sizes so far took this long (slowest rank)
+  int repeats = 3;          ///< timed calls per size, after one untimed call; the fastest is kept
+  double tolerance = 0.05;  ///< sizes within this share of the best bandwidth count as fast as it
+};
+
 struct sync_options {
-  /// Cap on a bucket's gradient bytes (a larger parameter gets a bucket of its own).
-  std::size_t bucket_bytes = std::size_t{25} << 20;
+  /// Cap on a bucket's gradient bytes (a larger parameter gets a bucket of its own). By default
+  /// measured at freeze(): the largest size whose reduction on this group is as fast per byte as
+  /// the best size (within `probe.tolerance`); give a number to skip the measurement.
+  std::size_t bucket_bytes = measured_bucket_bytes;
   /// Cap on the first bucket, so that communication starts soon after backward begins.
   std::size_t first_bucket_bytes = std::size_t{1} << 20;
   /// Buckets are padded to a multiple of lcm(pad_elements, dp) elements.
@@ -39,6 +55,8 @@ struct sync_options {
   bool overlap = true;
   /// Print (once) the step report's warning when overlap was configured but hid nothing.
   bool warn_if_not_overlapped = true;
+  /// How the cap is measured when bucket_bytes is measured_bucket_bytes.
+  probe_options probe{};
 };
 
 }  // namespace weft::grad

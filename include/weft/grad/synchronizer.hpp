@@ -28,6 +28,7 @@
 /// kernels.
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -58,9 +59,11 @@
 #include <weft/core/error.hpp>
 #include <weft/core/reduce_op.hpp>
 #include <weft/grad/bucket_plan.hpp>
+#include <weft/grad/bucket_sizing.hpp>
 #include <weft/grad/comm_hook.hpp>
 #include <weft/grad/detail/convert.hpp>
 #include <weft/grad/detail/device_timeline.hpp>
+#include <weft/grad/detail/fingerprint.hpp>
 #include <weft/grad/flat_buffer.hpp>
 #include <weft/grad/options.hpp>
 #include <weft/grad/param_gather.hpp>
@@ -130,19 +133,42 @@ class synchronizer {
   void freeze() {
     if (frozen()) fail(where() + ": freeze() called twice");
     if (specs_.empty()) fail(where() + ": freeze() with no parameters registered");
-    plan_options po{.bucket_bytes = options_.bucket_bytes,
-                    .first_bucket_bytes = options_.first_bucket_bytes,
-                    .pad_elements = options_.pad_elements,
-                    .dp = group().size()};
-    auto plan = std::make_shared<const bucket_plan>(specs_, dtype_of<T>, po);
+    const bool measure = options_.bucket_bytes == measured_bucket_bytes;
+    auto plan_with_cap = [&](std::size_t cap) {
+      return std::make_shared<const bucket_plan>(specs_, dtype_of<T>,
+                                                 plan_options{.bucket_bytes = cap,
+                                                              .first_bucket_bytes = options_.first_bucket_bytes,
+                                                              .pad_elements = options_.pad_elements,
+                                                              .dp = group().size()});
+    };
+    // The parameters are compared before the probe, whose sizes follow from them (a measured
+    // cap is compared as "measured": the probe's result is the same on every rank by construction).
+    auto plan = plan_with_cap(measure ? options_.first_bucket_bytes : options_.bucket_bytes);
     std::uint64_t mode = static_cast<std::uint64_t>(options_.shard_optimizer_state) |
                          static_cast<std::uint64_t>(options_.accumulation_steps) << 1 |
                          static_cast<std::uint64_t>(options_.scale) << 32 |
-                         static_cast<std::uint64_t>(options_.precision) << 40;
+                         static_cast<std::uint64_t>(options_.precision) << 40 | static_cast<std::uint64_t>(measure) << 48;
     group().expect_same_on_all_ranks(
         "the gradient bucket plan (parameter names, sizes and order, element type, bucket options)",
         plan->fingerprint());
-    group().expect_same_on_all_ranks("the synchronizer options (sharding, accumulation, scaling, precision)", mode);
+    detail::fingerprint_builder settings;
+    settings.add(mode);
+    if (measure) {
+      const probe_options& p = options_.probe;
+      settings.add(p.smallest_bytes).add(p.largest_bytes).add(std::bit_cast<std::uint64_t>(p.budget_s));
+      settings.add(static_cast<std::uint64_t>(p.repeats)).add(std::bit_cast<std::uint64_t>(p.tolerance));
+    }
+    group().expect_same_on_all_ranks(
+        "the synchronizer options (sharding, accumulation, scaling, precision, measured or given bucket cap, "
+        "probe options)",
+        settings.value());
+    if (measure) {
+      bucket_choice_ = measure_bucket_bytes();
+      plan = plan_with_cap(bucket_choice_.bucket_bytes);
+    } else {
+      bucket_choice_ = bucket_size_choice{};
+      bucket_choice_.bucket_bytes = options_.bucket_bytes;
+    }
     plan_ = std::move(plan);
     grads_ = make_grads();
     const std::size_t buckets = plan_->buckets().size();
@@ -186,6 +212,11 @@ class synchronizer {
   // ---- the buffer --------------------------------------------------------------------------
 
   const bucket_plan& plan() const { return *checked_plan("plan()"); }
+  /// The bucket cap the plan uses and, when it was measured, the curve it was chosen from.
+  const bucket_size_choice& bucket_choice() const {
+    checked_plan("bucket_choice()");
+    return bucket_choice_;
+  }
   std::shared_ptr<const bucket_plan> shared_plan() const { return checked_plan("shared_plan()"); }
   buffer_type& grads() {
     checked_plan("grads()");
@@ -405,6 +436,26 @@ class synchronizer {
 
  private:
   std::string where() const { return "gradient synchronizer on group '" + group().name() + "'"; }
+
+  /// Times this group's reduction at growing sizes (up to the gradients' size) and takes the
+  /// largest as fast per byte as the best; the same on every rank (weft/grad/bucket_sizing.hpp).
+  bucket_size_choice measure_bucket_bytes() {
+    std::size_t elements = 0;
+    for (const param_spec& p : specs_) elements += p.count;
+    const std::size_t bytes = elements * sizeof(T);
+    double spent = 0;
+    std::vector<curve_point> curve =
+        probe_reduction<T>(group(), bytes, options_.shard_optimizer_state, options_.probe, &spent);
+    // Gradients smaller than the smallest probed size: one bucket holds them all.
+    if (curve.empty()) {
+      bucket_size_choice whole;
+      whole.bucket_bytes = whole.best_bytes = std::max<std::size_t>(bytes, 1);
+      return whole;
+    }
+    bucket_size_choice choice = choose_bucket_bytes(curve, options_.probe.tolerance);
+    choice.seconds_spent = spent;
+    return choice;
+  }
 
   /// The gradient buffer; on a GPU backend on the group's device, not the calling thread's.
   buffer_type make_grads() {
@@ -861,6 +912,7 @@ class synchronizer {
   sync_options options_;
   std::vector<param_spec> specs_;
   std::shared_ptr<const bucket_plan> plan_;
+  bucket_size_choice bucket_choice_;
   buffer_type grads_;
   std::shared_ptr<comm_hook<B, T>> hook_;
 
