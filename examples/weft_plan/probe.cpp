@@ -26,6 +26,7 @@
 
 #include <weft/backend/mpi/backend.hpp>
 #include <weft/comm/communicator.hpp>
+#include <weft/grad/bucket_sizing.hpp>
 #include <weft/tp/linear.hpp>
 #include <weft/tune/hardware_file.hpp>
 
@@ -160,6 +161,12 @@ tune::link_measurement measure_link(mpi_comm& comm) {
   std::vector<float> one{1.0f};
   // A small all-reduce is 2 (n - 1) latency steps in the model's ring.
   l.latency = timed(comm, [&] { comm.all_reduce(one); }, 200) / (2.0 * (n - 1));
+  // The curve the gradient synchronizer chooses its bucket cap from, with its rule's own probe
+  // (a longer budget: this is a one-off measurement), so the tuner's data-parallel term sees the
+  // buckets a run will use.
+  weft::grad::probe_options curve_probe;
+  curve_probe.budget_s = 1.0;
+  l.all_reduce_curve = weft::grad::probe_reduction<float>(comm, curve_probe.largest_bytes, false, curve_probe);
   return l;
 }
 
@@ -238,7 +245,7 @@ int run_probe(const std::string& path, const tune::model_desc& model, int& argc,
     if (nodes > 1 && leaders) across = measure_link(*leaders);
     std::vector<double> across_values{across.all_reduce, across.all_gather, across.reduce_scatter, across.latency};
     world.broadcast(across_values, 0);  // world rank 0 is a leader
-    hw.across_nodes = {across_values[0], across_values[1], across_values[2], across_values[3]};
+    hw.across_nodes = {across_values[0], across_values[1], across_values[2], across_values[3], {}};
     std::tie(hw.p2p_bandwidth, hw.p2p_latency) = measure_p2p(world);
     if (world.rank() == 0) {
       std::ofstream out(path);

@@ -33,6 +33,10 @@ for key in ("memory_bytes", "memory_bandwidth", "gemm_peak_flops"):
 for key in ("all_reduce", "all_gather", "reduce_scatter", "latency"):
     check(hw["intra_node"][key] > 0, f"intra_node.{key} measured")
 check(hw["p2p"]["bandwidth"] > 0 and hw["p2p"]["latency"] > 0, "p2p measured")
+# The all-reduce curve the synchronizer's bucket rule reads: doubling sizes from 256 KiB, timed.
+curve = hw["intra_node"].get("all_reduce_curve", [])
+check(len(curve) >= 2 and curve[0][0] == 256 * 1024 and all(b > a for (a, _), (b, _) in zip(curve, curve[1:]))
+      and all(t > 0 for _, t in curve), f"intra_node.all_reduce_curve {curve}")
 # Each GEMM sample is a throughput a CPU core can reach: between 1 MFLOP/s and 1 TFLOP/s.
 check(all(1e6 < flops < 1e12 for _, flops in hw["gemm_samples"]), f"GEMM samples {hw['gemm_samples']}")
 

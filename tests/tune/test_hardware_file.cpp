@@ -19,8 +19,8 @@ measured_hardware sample_hardware() {
   hw.gemm_peak_flops = 1e9;
   hw.gemm_half_size = 32;
   hw.gemm_samples = {{64, 6.6e8}, {256, 8.8e8}};
-  hw.intra_node = {4e8, 5e8, 3e8, 6e-6};
-  hw.across_nodes = {1e8, 1.2e8, 0.9e8, 2e-5};
+  hw.intra_node = {4e8, 5e8, 3e8, 6e-6, {}};
+  hw.across_nodes = {1e8, 1.2e8, 0.9e8, 2e-5, {}};
   hw.p2p_bandwidth = 1e9;
   hw.p2p_latency = 8e-6;
   return hw;
@@ -144,4 +144,40 @@ TEST_CASE("counts in a hardware description are whole numbers in range, and meas
   CHECK_THROWS_WITH(parse_hardware(with("\"gemm_peak_flops\": 1e+09", "\"gemm_peak_flops\": 1e999")),
                     Catch::Contains("'gemm_peak_flops' must be a positive number, not 1e999"));
   CHECK(parse_hardware(with("\"nodes\": 2", "\"nodes\": 262144")).nodes == 262144);  // 4 x 262144 = 2^20: the limit
+}
+
+TEST_CASE("the data-parallel term runs at the bandwidth of the bucket cap the synchronizer would measure") {
+  measured_hardware hw = sample_hardware();
+  hw.nodes = 1;
+  hw.memory_bandwidth = 1e300;
+  const model_desc m{.layers = 4, .hidden = 256, .heads = 8, .vocab = 1024, .seq = 128};
+  const job_desc job{.global_batch = 32};
+  const layout_choice dp4{.parallel = {.dp = 4}, .micro_batch = 2};
+  const software_desc no_overlap{.overlap_dp = false};
+  const plan scalar = predict(m, hw, job, dp4, no_overlap);
+  REQUIRE(cluster_of(hw).node.dp_bucket_bandwidth == 0);  // no curve: the all-reduce bandwidth
+  // An all-reduce whose bandwidth falls past 16 MiB (an algorithm switch): the synchronizer's rule
+  // takes 16 MiB (within 5 % of the best, at 8 MiB); its bandwidth, as bus bandwidth over 4 ranks.
+  constexpr std::size_t mib = std::size_t{1} << 20;
+  auto at = [](std::size_t bytes, double bandwidth) {
+    return weft::grad::curve_point{bytes, static_cast<double>(bytes) / bandwidth};
+  };
+  hw.intra_node.all_reduce_curve = {at(mib, 1e8), at(8 * mib, 2.0e8), at(16 * mib, 1.95e8), at(32 * mib, 0.5e8)};
+  const double bus = 2.0 * 3 / 4 * 1.95e8;
+  CHECK(cluster_of(hw).node.dp_bucket_bandwidth == Approx(bus));
+  const plan curved = predict(m, hw, job, dp4, no_overlap);
+  // One node: the dp reduction is a ring of 4 at that bandwidth, the rest unchanged.
+  REQUIRE(scalar.time.dp_comm > 0);
+  const double latency = 2.0 * 3 * hw.intra_node.latency;
+  CHECK((curved.time.dp_comm - latency) / (scalar.time.dp_comm - latency) == Approx(hw.intra_node.all_reduce / bus));
+  CHECK(curved.time.compute == Approx(scalar.time.compute));
+  // The curve travels through the file.
+  const measured_hardware back = parse_hardware(to_json(hw));
+  REQUIRE(back.intra_node.all_reduce_curve.size() == 4);
+  CHECK(back.intra_node.all_reduce_curve[2].bytes == 16 * mib);
+  CHECK(back.intra_node.all_reduce_curve[2].seconds == Approx(hw.intra_node.all_reduce_curve[2].seconds));
+  CHECK(back.across_nodes.all_reduce_curve.empty());
+  std::string text = to_json(hw);
+  CHECK_THROWS_WITH(parse_hardware(text.replace(text.find("[1048576, "), 10, "[-5, ")),
+                    Catch::Contains("intra_node.all_reduce_curve"));
 }

@@ -144,6 +144,9 @@ class evaluator {
     embedding_ = static_cast<double>(model.vocab) * model.hidden;
     intra_bw_ = cluster.node.intra_bandwidth / 2 * calib.link_efficiency;
     net_bw_ = cluster.node.network_bandwidth * calib.link_efficiency / std::max(1.0, cluster.oversubscription);
+    // Gradients go in buckets of the synchronizer's measured cap, at that size's bandwidth.
+    dp_intra_bw_ = cluster.node.dp_bucket_bandwidth > 0 ? cluster.node.dp_bucket_bandwidth * calib.link_efficiency
+                                                        : intra_bw_;
     usable_ = (cluster.gpu.memory_bytes - calib.memory_reserve) * (1 - calib.memory_headroom);
     flops_per_token_ = model_flops_per_token(model);
     half_size_ = calib.gemm_half_size;
@@ -326,7 +329,7 @@ class evaluator {
       const int per_node = std::max(1, std::min(shard_group, cluster_.node.gpus_per_node / std::max(1, l.parallel.tp * 1)));
       const int nodes_spanned = (shard_group + per_node - 1) / per_node;
       auto all_reduce = [&](double bytes) {
-        return ring_all_reduce(bytes, per_node, intra_bw_, cluster_.node.intra_latency) +
+        return ring_all_reduce(bytes, per_node, dp_intra_bw_, cluster_.node.intra_latency) +
                ring_all_reduce(bytes / per_node, nodes_spanned, net_bw_, cluster_.node.network_latency);
       };
       const double grads = software_.gradient_bytes * max_params, weights = 2 * max_params;
@@ -380,7 +383,7 @@ class evaluator {
   double h_ = 0, s_ = 0, a_ = 0, f_ = 0, g_ = 1, v_ = 0;
   int global_batch_ = 0;
   double gemm_peak_ = 0, peak_fraction_ = 0, layer_params_ = 0, embedding_ = 0;
-  double intra_bw_ = 0, net_bw_ = 0, usable_ = 0, flops_per_token_ = 0, half_size_ = 0;
+  double intra_bw_ = 0, net_bw_ = 0, dp_intra_bw_ = 0, usable_ = 0, flops_per_token_ = 0, half_size_ = 0;
 };
 
 }  // namespace detail

@@ -34,6 +34,10 @@ struct node_desc {
   /// Ranks that share one compute unit: more than 1 on a CPU node running more ranks than cores
   /// (measured by `weft-plan --probe`), 1 for GPUs. A rank that idles lends its core to the others.
   double ranks_per_core = 1.0;
+  /// Bus bandwidth (nccl-tests convention) of the data-parallel reduction inside a node at the
+  /// gradient synchronizer's bucket cap, when measured (weft-plan --probe's all-reduce curve);
+  /// 0: the data-parallel term uses intra_bandwidth like the other collectives.
+  double dp_bucket_bandwidth = 0;
 };
 
 /// A cluster of identical nodes.

@@ -10,8 +10,10 @@
 ///   name, ranks_per_node, nodes, memory_bytes (per rank), memory_bandwidth (per rank, all ranks
 ///   streaming at once), gemm_peak_flops and gemm_half_size (the fit of the GEMM samples),
 ///   gemm_samples [[smallest dimension, FLOP/s], ...], intra_node / across_nodes {all_reduce,
-///   all_gather, reduce_scatter: bus bandwidth; latency}, p2p {bandwidth, latency}, and (optional)
-///   cpus_per_node: the processors the ranks of a node run on (0 or absent: unknown, e.g. GPUs).
+///   all_gather, reduce_scatter: bus bandwidth; latency; optional all_reduce_curve [[bytes, seconds],
+///   ...]: the all-reduce's time at doubling sizes, as the gradient synchronizer measures it to
+///   choose its bucket cap}, p2p {bandwidth, latency}, and (optional) cpus_per_node: the
+///   processors the ranks of a node run on (0 or absent: unknown, e.g. GPUs).
 
 #include <algorithm>
 #include <cmath>
@@ -25,6 +27,7 @@
 
 #include <weft/core/error.hpp>
 #include <weft/core/detail/json.hpp>
+#include <weft/grad/bucket_cap.hpp>
 #include <weft/tune/cost_model.hpp>
 #include <weft/tune/report.hpp>
 
@@ -37,6 +40,9 @@ struct link_measurement {
   double all_gather = 0;
   double reduce_scatter = 0;
   double latency = 0;  ///< per ring step: half the round trip of a small message
+  /// The all-reduce's time at doubling sizes, each the slowest rank's (weft::grad::probe_reduction):
+  /// what the gradient synchronizer chooses its bucket cap from. Empty: not measured.
+  std::vector<grad::curve_point> all_reduce_curve;
 };
 
 /// One GEMM timing: the GEMM's smallest dimension and the FLOP/s it ran at.
@@ -87,6 +93,19 @@ inline std::pair<double, double> fit_gemm_curve(const std::vector<gemm_sample>& 
   return {1 / intercept, slope / intercept};
 }
 
+/// The bus bandwidth of the data-parallel reduction inside a node at the bucket cap the gradient
+/// synchronizer would choose from the measured curve (the same rule, weft::grad::choose_bucket_bytes),
+/// so that the prediction and the run agree on bucket sizes; 0 without a curve.
+inline double dp_bucket_bus_bandwidth(const measured_hardware& hw) {
+  const std::vector<grad::curve_point>& curve = hw.intra_node.all_reduce_curve;
+  if (curve.empty() || hw.ranks_per_node < 2) return 0;
+  const grad::bucket_size_choice choice = grad::choose_bucket_bytes(curve);
+  const auto at = std::find_if(curve.begin(), curve.end(),
+                               [&](const grad::curve_point& p) { return p.bytes == choice.bucket_bytes; });
+  const double n = hw.ranks_per_node;
+  return 2 * (n - 1) / n * at->bandwidth();
+}
+
 /// The cluster the cost model sees: one "GPU" per rank with the measured GEMM peak and memory, the
 /// node's links at the measured all-reduce bus bandwidth (the model halves `intra_bandwidth`,
 /// which it takes as both directions together) and latencies.
@@ -99,7 +118,8 @@ inline cluster_desc cluster_of(const measured_hardware& hw) {
             .network_latency = hw.across_nodes.latency,
             .ranks_per_core = hw.cpus_per_node > 0
                                   ? std::max(1.0, static_cast<double>(hw.ranks_per_node) / hw.cpus_per_node)
-                                  : 1.0};
+                                  : 1.0,
+            .dp_bucket_bandwidth = dp_bucket_bus_bandwidth(hw)};
   c.nodes = hw.nodes;
   return c;
 }
@@ -128,8 +148,16 @@ inline plan predict(const model_desc& model, const measured_hardware& hw, const 
 namespace detail {
 
 inline std::string link_json(const link_measurement& l) {
-  return "{\"all_reduce\": " + json_number(l.all_reduce) + ", \"all_gather\": " + json_number(l.all_gather) +
-         ", \"reduce_scatter\": " + json_number(l.reduce_scatter) + ", \"latency\": " + json_number(l.latency) + "}";
+  std::string o = "{\"all_reduce\": " + json_number(l.all_reduce) + ", \"all_gather\": " + json_number(l.all_gather) +
+                  ", \"reduce_scatter\": " + json_number(l.reduce_scatter) + ", \"latency\": " + json_number(l.latency);
+  if (!l.all_reduce_curve.empty()) {
+    o += ", \"all_reduce_curve\": [";
+    for (std::size_t i = 0; i < l.all_reduce_curve.size(); ++i)
+      o += std::string(i ? ", " : "") + "[" + std::to_string(l.all_reduce_curve[i].bytes) + ", " +
+           json_number(l.all_reduce_curve[i].seconds) + "]";
+    o += "]";
+  }
+  return o + "}";
 }
 
 }  // namespace detail
@@ -216,8 +244,24 @@ inline measured_hardware parse_hardware(std::string_view text, const std::string
   auto link = [&](const std::string& name) {
     const json_value& l = field(o, name, "");
     if (l.type != kind::object) fail("tune: " + origin + ": '" + name + "' must be an object");
-    return link_measurement{positive(l, "all_reduce", name + "."), positive(l, "all_gather", name + "."),
-                            positive(l, "reduce_scatter", name + "."), positive(l, "latency", name + ".")};
+    link_measurement m{positive(l, "all_reduce", name + "."), positive(l, "all_gather", name + "."),
+                       positive(l, "reduce_scatter", name + "."), positive(l, "latency", name + "."), {}};
+    if (const json_value* curve = weft::detail::find_member(l, "all_reduce_curve")) {
+      const std::string where = name + ".all_reduce_curve";
+      if (curve->type != kind::array || curve->items.size() > 64)
+        fail("tune: " + origin + ": '" + where + "' must be a list of at most 64 [bytes, seconds] pairs");
+      for (const json_value& point : curve->items) {
+        if (point.type != kind::array || point.items.size() != 2 || point.items[0].type != kind::number ||
+            !point.items[0].integer || *point.items[0].integer < 1 || *point.items[0].integer > (std::int64_t{1} << 40) ||
+            point.items[1].type != kind::number || !(weft::detail::number_value(point.items[1]) > 0) ||
+            !std::isfinite(weft::detail::number_value(point.items[1])))
+          fail("tune: " + origin + ": each point of '" + where +
+               "' must be [bytes, seconds]: a whole number of bytes from 1 to 2^40 and a positive time");
+        m.all_reduce_curve.push_back({static_cast<std::size_t>(*point.items[0].integer),
+                                      weft::detail::number_value(point.items[1])});
+      }
+    }
+    return m;
   };
   hw.intra_node = link("intra_node");
   hw.across_nodes = link("across_nodes");
