@@ -1,0 +1,309 @@
+#!/usr/bin/python3
+"""Several hosts on this machine: a private multi-node Slurm, one network and UTS namespace per host.
+
+Hosts n1...nN each get a network namespace (loopback up, one interface `weft0` with the address
+10.77.0.<i>/24) and a UTS namespace (hostname n<i>); the weft0 interfaces are veth pairs whose
+other ends are joined by a bridge in a namespace of its own, so nothing is added to this machine's
+own network. slurmctld runs on n1 and one slurmd on every host (NodeName=n<i>, NodeAddr=10.77.0.<i>),
+sharing this machine's munge (scripts/private_slurm.py, whose pieces this reuses). COMMAND runs on
+n1 with:
+  SLURM_CONF                              the cluster's Slurm: `srun -N 2 -n 4 --mpi=pmix PROGRAM`
+  OMPI_MCA_plm_rsh_agent                  an agent that enters a host's namespaces, so that
+  OMPI_MCA_orte_default_hostfile          `mpirun -n 4 --map-by node PROGRAM` starts its daemons there
+  OMPI_MCA_{oob,btl}_tcp_if_include=weft0, NCCL_SOCKET_IFNAME=weft0: traffic between hosts on the
+                                          private addresses, never on lo
+  WEFT_CLUSTER_HOSTS="n1 n2 ..."          the hosts; WEFT_CLUSTER_DIR its folder
+  WEFT_CLUSTER_ENTER="... n2 CMD"         a command prefix that runs CMD on a host, e.g.
+                                          `$WEFT_CLUSTER_ENTER n2 ip link set weft0 down`
+Everything (processes in the namespaces, the namespaces, their links, mounts and the folder) is
+removed when COMMAND ends, fails, or this script gets SIGINT, SIGTERM or SIGHUP.
+
+As a program:  private_cluster.py [--hosts N] [--cpus C] -- COMMAND...
+  exits with COMMAND's status; 77 when the cluster cannot be made here (not root, no `ip`, no
+  Slurm...), having said why in one line.
+As a module:   with private_cluster.cluster(hosts, cpus) as c: c.run([...]) / c.popen([...])
+  raises private_slurm.Unavailable (with the reason) when the cluster cannot be made here.
+"""
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import private_slurm  # noqa: E402  (munge, Slurm's configuration and its checks, shared)
+from private_slurm import SKIP, Unavailable  # noqa: E402,F401
+
+SUBNET = "10.77.0"
+INTERFACE = "weft0"
+NETNS_DIR = "/run/netns"
+
+
+def host_names(count):
+    return [f"n{i}" for i in range(1, count + 1)]
+
+
+def run_ip(*args):
+    result = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    if result.returncode != 0:
+        raise Unavailable(f"'ip {' '.join(args)}' failed: {result.stderr.strip()}")
+
+
+def check_namespaces_possible():
+    if os.geteuid() != 0:
+        raise Unavailable("network namespaces need root")
+    missing = [n for n in ("ip", "nsenter", "unshare") if not shutil.which(n)]
+    if missing:
+        raise Unavailable("missing " + ", ".join(missing) + " (Debian: iproute2, util-linux)")
+
+
+class Cluster:
+    """The hosts of a running private cluster, and ways to run commands on them."""
+
+    def __init__(self, hosts, cpus):
+        self.hosts = host_names(hosts)
+        self.cpus = cpus
+        self.tag = f"weft{os.getpid()}"  # names this cluster's namespaces: weft<pid>-n1, weft<pid>-sw
+        self.folder = tempfile.mkdtemp(prefix="weft_cluster_")
+        self.namespaces = []   # network namespaces made (names under /run/netns)
+        self.uts_files = []    # persistent UTS namespaces (bind mounts in self.folder)
+        self.env = private_slurm.slurm_environment()
+        self.started_munge = False
+
+    def netns(self, host):
+        return f"{self.tag}-{host}"
+
+    def address(self, host):
+        return f"{SUBNET}.{self.hosts.index(host) + 1}"
+
+    def enter(self, host):
+        """The command prefix that runs a command on `host` (in its network and UTS namespaces)."""
+        return ["nsenter", f"--net={NETNS_DIR}/{self.netns(host)}", f"--uts={self.folder}/uts/{host}", "--"]
+
+    def run(self, command, host="n1", **kwargs):
+        kwargs.setdefault("env", self.env)
+        return subprocess.run(self.enter(host) + list(command), **kwargs)
+
+    def popen(self, command, host="n1", **kwargs):
+        kwargs.setdefault("env", self.env)
+        return subprocess.Popen(self.enter(host) + list(command), **kwargs)
+
+    # -- making it
+    def make_network(self):
+        switch = f"{self.tag}-sw"
+        for name in [switch] + [self.netns(h) for h in self.hosts]:
+            run_ip("netns", "add", name)
+            self.namespaces.append(name)
+        run_ip("-n", switch, "link", "add", "br0", "type", "bridge")
+        run_ip("-n", switch, "link", "set", "br0", "up")
+        os.makedirs(os.path.join(self.folder, "uts"))
+        for host in self.hosts:
+            ns, port = self.netns(host), f"p{host}"
+            # Made inside the namespaces directly: this machine's own link list never changes.
+            run_ip("link", "add", "name", INTERFACE, "netns", ns, "type", "veth", "peer", "name", port, "netns", switch)
+            run_ip("-n", switch, "link", "set", port, "master", "br0")
+            run_ip("-n", switch, "link", "set", port, "up")
+            run_ip("-n", ns, "addr", "add", f"{self.address(host)}/24", "dev", INTERFACE)
+            run_ip("-n", ns, "link", "set", "lo", "up")
+            run_ip("-n", ns, "link", "set", INTERFACE, "up")
+            uts = os.path.join(self.folder, "uts", host)
+            open(uts, "w").close()
+            made = subprocess.run(["unshare", f"--uts={uts}", "hostname", host], capture_output=True, text=True)
+            if made.returncode != 0:
+                raise Unavailable(f"could not make a UTS namespace: {made.stderr.strip()}")
+            self.uts_files.append(uts)
+
+    def write_helpers(self):
+        """The rsh agent for mpirun and its hostfile."""
+        agent = os.path.join(self.folder, "rsh-agent")
+        cases = "".join(f"  {h}) exec {' '.join(self.enter(h))} /bin/sh -c \"$*\" ;;\n" for h in self.hosts)
+        with open(agent, "w") as out:
+            out.write(f"""#!/bin/sh
+# mpirun's rsh agent for the private cluster: AGENT HOST COMMAND... runs COMMAND on HOST (its namespaces).
+host="$1"; shift
+case "$host" in
+{cases}  *) echo "rsh-agent: no host '$host' in the private cluster ({' '.join(self.hosts)})" >&2; exit 255 ;;
+esac
+""")
+        os.chmod(agent, 0o755)
+        hostfile = os.path.join(self.folder, "hostfile")
+        with open(hostfile, "w") as out:
+            out.write("".join(f"{h} slots={self.cpus}\n" for h in self.hosts))
+        enter = os.path.join(self.folder, "enter")
+        with open(enter, "w") as out:
+            out.write(f"""#!/bin/sh
+# enter HOST COMMAND...: runs COMMAND on HOST of the private cluster.
+host="$1"; shift
+case "$host" in
+""" + "".join(f"  {h}) exec {' '.join(self.enter(h))} \"$@\" ;;\n" for h in self.hosts) +
+                      f"""  *) echo "enter: no host '$host' in the private cluster ({' '.join(self.hosts)})" >&2; exit 255 ;;
+esac
+""")
+        os.chmod(enter, 0o755)
+        self.env.update({
+            "OMPI_MCA_plm_rsh_agent": agent,
+            "OMPI_MCA_orte_default_hostfile": hostfile,
+            "OMPI_MCA_oob_tcp_if_include": INTERFACE,
+            "OMPI_MCA_btl_tcp_if_include": INTERFACE,
+            "NCCL_SOCKET_IFNAME": INTERFACE,
+            "WEFT_CLUSTER_HOSTS": " ".join(self.hosts),
+            "WEFT_CLUSTER_DIR": self.folder,
+            "WEFT_CLUSTER_ENTER": enter,
+        })
+
+    def start_slurm(self):
+        private_slurm.check_installed()
+        try:
+            self.started_munge = private_slurm.start_munge()
+            nodes = [(h, self.address(h)) for h in self.hosts]
+            self.env["SLURM_CONF"] = private_slurm.write_config(self.folder, nodes[0], nodes, self.cpus)
+            self.run(["slurmctld", "-f", self.env["SLURM_CONF"]], check=True, timeout=30)
+            for host in self.hosts:
+                self.run(["slurmd", "-f", self.env["SLURM_CONF"]], host=host, check=True, timeout=30)
+        except (subprocess.SubprocessError, OSError) as e:
+            private_slurm.show_logs(self.folder)
+            raise Unavailable(f"could not start the private cluster's Slurm: {e}") from e
+        private_slurm.wait_until_idle(self.env, self.folder, self.hosts, run=self.run)
+
+    # -- removing it
+    def teardown(self):
+        # The daemons first (slurmd ends its steps), then whatever is still in a host's namespace.
+        private_slurm.kill_from_pidfile(os.path.join(self.folder, "slurmctld.pid"))
+        for host in self.hosts:
+            private_slurm.kill_from_pidfile(os.path.join(self.folder, f"slurmd-{host}.pid"))
+        for sig, grace in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
+            end = time.time() + grace
+            while True:
+                left = self.processes()
+                if not left or time.time() > end:
+                    break
+                for pid in left:
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, sig)
+                time.sleep(0.1)
+        if self.started_munge:
+            private_slurm.kill_from_pidfile("/run/munge/munged.pid")
+        for uts in self.uts_files:
+            subprocess.run(["umount", uts], capture_output=True)
+        for name in self.namespaces:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def processes(self):
+        """Every live process in one of this cluster's network namespaces."""
+        pids = set()
+        for name in self.namespaces:
+            out = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout
+            pids.update(int(p) for p in out.split())
+        pids.discard(os.getpid())
+        return sorted(p for p in pids if not zombie(p))
+
+
+def zombie(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def leftovers(tag, folder):
+    """What a cluster named `tag` with `folder` left on this machine (empty when nothing)."""
+    found = []
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split("\n")
+    found += [f"namespace {n.split()[0]}" for n in names if n.startswith(tag + "-")]
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    found += [f"link {line.split(':')[1].strip()}" for line in links.splitlines() if INTERFACE in line or tag in line]
+    with open("/proc/self/mountinfo") as mounts:
+        found += [f"mount {line.split()[4]}" for line in mounts if folder in line or f"/{tag}-" in line]
+    if os.path.exists(folder):
+        found.append(f"folder {folder}")
+    # Every process of the cluster (daemons, steps, the command, what it started) has the folder
+    # in its command line or its environment (WEFT_CLUSTER_DIR, SLURM_CONF).
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    environ = f.read().decode(errors="replace")
+                if (folder in cmdline or folder in environ) and not zombie(int(entry)):
+                    found.append(f"process {entry}: {cmdline.strip()[:120]}")
+    return found
+
+
+@contextlib.contextmanager
+def cluster(hosts=2, cpus=2):
+    """A running private cluster of `hosts` hosts with `cpus` CPUs each (a Cluster); removed on exit."""
+    if hosts < 1 or hosts > 250:
+        raise ValueError(f"--hosts must be 1 to 250, got {hosts}")
+    check_namespaces_possible()
+    private_slurm.check_installed()
+    c = Cluster(hosts, cpus)
+    try:
+        c.make_network()
+        c.write_helpers()
+        c.start_slurm()
+        yield c
+    finally:
+        c.teardown()
+
+
+class Stop(Exception):
+    pass
+
+
+def raise_stop(signum, _frame):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)  # one signal is enough: the teardown runs to its end
+    raise Stop(signum)
+
+
+def main():
+    args = sys.argv[1:]
+    hosts, cpus = 2, 2
+    while args[:1] in (["--hosts"], ["--cpus"]) and len(args) > 1:
+        try:
+            value = int(args[1])
+        except ValueError:
+            print(f"private_cluster: {args[0]} wants a number, got '{args[1]}'", file=sys.stderr)
+            return 2
+        if args[0] == "--hosts":
+            hosts = value
+        else:
+            cpus = value
+        args = args[2:]
+    if args[:1] != ["--"] or len(args) < 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    if not 1 <= hosts <= 250 or cpus < 1:
+        print(f"private_cluster: --hosts must be 1 to 250 and --cpus at least 1 (got {hosts}, {cpus})", file=sys.stderr)
+        return 2
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, raise_stop)
+    command = None
+    try:
+        with cluster(hosts, cpus) as c:
+            # Its own session: a signal to this script reaches the command through the teardown,
+            # after which nothing of it is left in the namespaces.
+            command = c.popen(args[1:], start_new_session=True)
+            return command.wait()
+    except Unavailable as e:
+        print(f"private_cluster: {e}", file=sys.stderr)
+        return SKIP
+    except Stop as e:
+        signum = e.args[0]
+        print(f"private_cluster: {signal.Signals(signum).name}: cluster removed", file=sys.stderr)
+        return 128 + signum
+    finally:
+        if command is not None and command.poll() is None:
+            with contextlib.suppress(OSError):
+                os.killpg(command.pid, signal.SIGKILL)
+            command.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
