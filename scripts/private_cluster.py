@@ -25,7 +25,9 @@ As a module:   with private_cluster.cluster(hosts, cpus) as c: c.run([...]) / c.
   raises private_slurm.Unavailable (with the reason) when the cluster cannot be made here.
 """
 import contextlib
+import glob
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -67,7 +69,7 @@ class Cluster:
         self.hosts = host_names(hosts)
         self.cpus = cpus
         self.tag = f"weft{os.getpid()}"  # names this cluster's namespaces: weft<pid>-n1, weft<pid>-sw
-        self.folder = tempfile.mkdtemp(prefix="weft_cluster_")
+        self.folder = tempfile.mkdtemp(prefix=f"weft_cluster_{os.getpid()}_")
         self.namespaces = []   # network namespaces made (names under /run/netns)
         self.uts_files = []    # persistent UTS namespaces (bind mounts in self.folder)
         self.env = private_slurm.slurm_environment()
@@ -170,20 +172,16 @@ esac
 
     # -- removing it
     def teardown(self):
-        # The daemons first (slurmd ends its steps), then whatever is still in a host's namespace.
+        # The work first (the command, the steps and their tasks: continued if stopped, then
+        # SIGTERM, then SIGKILL), so that the daemons have nothing left to wait for; then the
+        # daemons; then whatever is still in a host's namespace.
+        self.signal_until_gone(lambda: [p for p in self.processes() if not daemon(p)],
+                               ((signal.SIGTERM, 1.0), (signal.SIGKILL, 2.0)))
         private_slurm.kill_from_pidfile(os.path.join(self.folder, "slurmctld.pid"))
         for host in self.hosts:
             private_slurm.kill_from_pidfile(os.path.join(self.folder, f"slurmd-{host}.pid"))
-        for sig, grace in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
-            end = time.time() + grace
-            while True:
-                left = self.processes()
-                if not left or time.time() > end:
-                    break
-                for pid in left:
-                    with contextlib.suppress(OSError):
-                        os.kill(pid, sig)
-                time.sleep(0.1)
+        # A slurmd whose step was killed can take seconds over SIGTERM; its state goes with the folder.
+        self.signal_until_gone(self.processes, ((signal.SIGTERM, 1.0), (signal.SIGKILL, 2.0)))
         if self.started_munge:
             private_slurm.kill_from_pidfile("/run/munge/munged.pid")
         for uts in self.uts_files:
@@ -191,6 +189,26 @@ esac
         for name in self.namespaces:
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
         shutil.rmtree(self.folder, ignore_errors=True)
+
+    @staticmethod
+    def signal_until_gone(find, steps):
+        """For each (signal, seconds) of `steps`: sends it to what `find` lists until none is left."""
+        for sig, seconds in steps:
+            end = time.time() + seconds
+            sent = set()
+            while True:
+                left = find()
+                if not left:
+                    return
+                if time.time() > end:
+                    break
+                for pid in left:
+                    if pid not in sent:
+                        with contextlib.suppress(OSError):
+                            os.kill(pid, signal.SIGCONT)
+                            os.kill(pid, sig)
+                        sent.add(pid)
+                time.sleep(0.05)
 
     def processes(self):
         """Every live process in one of this cluster's network namespaces."""
@@ -202,12 +220,55 @@ esac
         return sorted(p for p in pids if not zombie(p))
 
 
+def daemon(pid):
+    """Whether `pid` is one of Slurm's daemons (slurmctld and its slurmscriptd, a slurmd)."""
+    try:
+        with open(f"/proc/{pid}/comm") as comm:
+            return comm.read().strip() in ("slurmctld", "slurmscriptd", "slurmd")
+    except OSError:
+        return False
+
+
 def zombie(pid):
     try:
         with open(f"/proc/{pid}/stat") as stat:
             return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
+
+
+def remove_stale():
+    """Removes what clusters whose script is gone left behind: only a SIGKILL (a test harness's
+    timeout, say) ends the script without its teardown, and its daemons outlive it."""
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    stale = {}
+    for name in names:
+        m = re.fullmatch(r"weft(\d+)-(sw|n\d+)", name)
+        if m and not python_process(int(m.group(1))):
+            stale.setdefault(int(m.group(1)), []).append(name)
+    for pid, namespaces in stale.items():
+        for name in namespaces:
+            for victim in subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split():
+                with contextlib.suppress(OSError):
+                    os.kill(int(victim), signal.SIGKILL)
+        for folder in glob.glob(os.path.join(tempfile.gettempdir(), f"weft_cluster_{pid}_*")):
+            for uts in glob.glob(os.path.join(folder, "uts", "*")):
+                subprocess.run(["umount", uts], capture_output=True)
+            shutil.rmtree(folder, ignore_errors=True)
+        for name in namespaces:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+        print(f"private_cluster: removed the cluster a killed script (pid {pid}) left: {' '.join(sorted(namespaces))}",
+              file=sys.stderr)
+
+
+def python_process(pid):
+    """Whether `pid` is a live process (not a thread) of Python, as the script that made a cluster is."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            fields = dict(line.split(":", 1) for line in status if ":" in line)
+        return fields["Tgid"].strip() == str(pid) and fields["Name"].strip().startswith("python")
+    except (OSError, KeyError):
+        return False
 
 
 def leftovers(tag, folder):
@@ -242,6 +303,7 @@ def cluster(hosts=2, cpus=2):
         raise ValueError(f"--hosts must be 1 to 250, got {hosts}")
     check_namespaces_possible()
     private_slurm.check_installed()
+    remove_stale()
     c = Cluster(hosts, cpus)
     try:
         c.make_network()
