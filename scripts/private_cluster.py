@@ -42,6 +42,7 @@ from private_slurm import SKIP, Unavailable  # noqa: E402,F401
 SUBNET = "10.77.0"
 INTERFACE = "weft0"
 NETNS_DIR = "/run/netns"
+SHM_DIR = "/dev/shm"
 
 
 def host_names(count):
@@ -70,6 +71,8 @@ class Cluster:
         self.cpus = cpus
         self.tag = f"weft{os.getpid()}"  # names this cluster's namespaces: weft<pid>-n1, weft<pid>-sw
         self.folder = tempfile.mkdtemp(prefix=f"weft_cluster_{os.getpid()}_")
+        # Open MPI's shared-memory segments and session folders (its ranks leave them when killed).
+        self.shm = tempfile.mkdtemp(prefix=f"weft_cluster_{os.getpid()}_", dir=SHM_DIR if os.path.isdir(SHM_DIR) else None)
         self.namespaces = []   # network namespaces made (names under /run/netns)
         self.uts_files = []    # persistent UTS namespaces (bind mounts in self.folder)
         self.env = private_slurm.slurm_environment()
@@ -153,6 +156,8 @@ esac
             "NCCL_SOCKET_IFNAME": INTERFACE,
             "WEFT_CLUSTER_HOSTS": " ".join(self.hosts),
             "WEFT_CLUSTER_DIR": self.folder,
+            "OMPI_MCA_btl_vader_backing_directory": self.shm,
+            "OMPI_MCA_orte_tmpdir_base": self.shm,
             "WEFT_CLUSTER_ENTER": enter,
         })
 
@@ -189,6 +194,7 @@ esac
         for name in self.namespaces:
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
         shutil.rmtree(self.folder, ignore_errors=True)
+        shutil.rmtree(self.shm, ignore_errors=True)
 
     @staticmethod
     def signal_until_gone(find, steps):
@@ -244,14 +250,15 @@ def remove_stale():
     stale = {}
     for name in names:
         m = re.fullmatch(r"weft(\d+)-(sw|n\d+)", name)
-        if m and not python_process(int(m.group(1))):
+        if m and not process_alive(int(m.group(1))):
             stale.setdefault(int(m.group(1)), []).append(name)
     for pid, namespaces in stale.items():
         for name in namespaces:
             for victim in subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split():
                 with contextlib.suppress(OSError):
                     os.kill(int(victim), signal.SIGKILL)
-        for folder in glob.glob(os.path.join(tempfile.gettempdir(), f"weft_cluster_{pid}_*")):
+        for folder in glob.glob(os.path.join(tempfile.gettempdir(), f"weft_cluster_{pid}_*")) + \
+                glob.glob(os.path.join(SHM_DIR, f"weft_cluster_{pid}_*")):
             for uts in glob.glob(os.path.join(folder, "uts", "*")):
                 subprocess.run(["umount", uts], capture_output=True)
             shutil.rmtree(folder, ignore_errors=True)
@@ -261,12 +268,12 @@ def remove_stale():
               file=sys.stderr)
 
 
-def python_process(pid):
-    """Whether `pid` is a live process (not a thread) of Python, as the script that made a cluster is."""
+def process_alive(pid):
+    """Whether `pid` is a live process (not a thread of another), as the script that made a cluster is."""
     try:
         with open(f"/proc/{pid}/status") as status:
             fields = dict(line.split(":", 1) for line in status if ":" in line)
-        return fields["Tgid"].strip() == str(pid) and fields["Name"].strip().startswith("python")
+        return fields["Tgid"].strip() == str(pid) and not fields["State"].strip().startswith("Z")
     except (OSError, KeyError):
         return False
 
@@ -280,8 +287,15 @@ def leftovers(tag, folder):
     found += [f"link {line.split(':')[1].strip()}" for line in links.splitlines() if INTERFACE in line or tag in line]
     with open("/proc/self/mountinfo") as mounts:
         found += [f"mount {line.split()[4]}" for line in mounts if folder in line or f"/{tag}-" in line]
-    if os.path.exists(folder):
-        found.append(f"folder {folder}")
+    pid = tag[len("weft"):]
+    for path in [folder] + glob.glob(os.path.join(tempfile.gettempdir(), f"weft_cluster_{pid}_*")) + \
+            glob.glob(os.path.join(SHM_DIR, f"weft_cluster_{pid}_*")):
+        if os.path.exists(path) and f"folder {path}" not in found:
+            found.append(f"folder {path}")
+    # Open MPI's files named after the cluster's hosts (its shared memory and session folders go
+    # to the cluster's own folder under /dev/shm; a job that put them elsewhere leaves them here).
+    for pattern in (os.path.join(SHM_DIR, "vader_segment.n[0-9]*"), os.path.join(tempfile.gettempdir(), "ompi.n[0-9]*")):
+        found += [f"file {path}" for path in glob.glob(pattern)]
     # Every process of the cluster (daemons, steps, the command, what it started) has the folder
     # in its command line or its environment (WEFT_CLUSTER_DIR, SLURM_CONF).
     for entry in os.listdir("/proc"):

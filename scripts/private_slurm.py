@@ -68,11 +68,16 @@ def start_munge():
 def write_config(folder, controller, nodes, cpus, ctld_port=6817, slurmd_port=6818):
     """Writes folder/slurm.conf for a controller (name, address) and nodes [(name, address)], each
     of `cpus` CPUs, all in one partition; state, spool, pid and log files under `folder` (the
-    per-node ones, spool and TmpFS among them, named after the node, %n)."""
+    per-node ones, spool and TmpFS among them, named after the node, %n).
+
+    Job ids start at a number of this process's own: Open MPI names its shared-memory segments
+    and session folders after the host and the job, so two private Slurms on one machine (same
+    host names, both at job 1) would share them, and their ranks crashed in MPI_Init."""
     config = os.path.join(folder, "slurm.conf")
     node_lines = "".join(f"NodeName={name} NodeAddr={address} CPUs={cpus} State=UNKNOWN\n" for name, address in nodes)
     with open(config, "w") as out:
         out.write(f"""ClusterName=weft-local
+FirstJobId={(os.getpid() % 65536) * 1000 + 1}
 SlurmctldHost={controller[0]}({controller[1]})
 SlurmUser=root
 AuthType=auth/munge

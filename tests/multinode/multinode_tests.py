@@ -10,7 +10,7 @@ only a multi-host run shows.
   multinode_tests.py health  --health-check HEALTH_CHECK
   multinode_tests.py stop    --program FAULT_PROGRAM [--trace-diff WEFT_TRACE_DIFF] [--deadline 2]
   multinode_tests.py link    --program FAULT_PROGRAM --trace-diff WEFT_TRACE_DIFF [--deadline 2]
-  multinode_tests.py cleanup
+  multinode_tests.py cleanup --program FAULT_PROGRAM
 
 Exit status: 0 passed; 1 failed, with the reason; 77 (CTest's skip) when the cluster cannot be
 made on this machine (not root, no `ip`, no Slurm), having said why in one line.
@@ -225,9 +225,9 @@ def test_health(args, cluster):
     if "over 4 ranks on 2 hosts" not in output:
         fail("the health check does not say it ran on 2 hosts", output)
     # Its table: per rank the host, and that host's own all-reduce bandwidth (measured only when
-    # the ranks span several hosts).
+    # the ranks span several hosts), maybe with a mark ("<- slow local memory") after it.
     for rank in range(RANKS):
-        row = re.search(rf"^\s+{rank}\s+(\S+)\s+(?:[\d.]+\s+){{4}}([\d.]+)\s*$", output, re.M)
+        row = re.search(rf"^\s+{rank}\s+(\S+)\s+(?:[\d.]+\s+){{4}}([\d.]+)(\s+<-.*)?$", output, re.M)
         if not row or row.group(1) != HOSTS[rank // 2] or not float(row.group(2)) > 0:
             fail(f"the health check's table does not give rank {rank} on {HOSTS[rank // 2]} with its host's "
                  f"all-reduce bandwidth", output)
@@ -262,6 +262,25 @@ class srun_job:
             if time.monotonic() > end or self.process.poll() is not None:
                 fail("the ranks did not all start", self.output())
             time.sleep(0.02)
+
+    def wait_in_loop(self, calls=20, limit=60):
+        """Until every rank has issued `calls` all-reduces of the loop (their flight recorders,
+        dumped on SIGUSR1, say so); the dumps are then removed. Mid-loop, the ranks are inside
+        all-reduces most of the time, and they time out together when one is cut off."""
+        end = time.monotonic() + limit
+        while True:
+            for rank in range(RANKS):
+                os.kill(self.pids[rank], signal.SIGUSR1)
+            time.sleep(0.2)
+            dumps = {**self.dumps("n1"), **self.dumps("n2")}
+            issued = {r: max((g["issued"] for g in d["groups"] if g["name"] == "world"), default=0)
+                      for r, d in dumps.items()}
+            for path in glob.glob(os.path.join(self.dir, "n*", "weft-flight-*.json")):
+                os.remove(path)
+            if len(issued) == RANKS and min(issued.values()) >= calls:
+                return
+            if time.monotonic() > end or self.process.poll() is not None:
+                fail(f"the ranks did not reach {calls} all-reduces of the loop (issued: {issued})", self.output())
 
     def wait_gone(self, since, limit):
         """Seconds from `since` until every rank's process is gone, or None past `limit`."""
@@ -343,7 +362,7 @@ def test_link(args, cluster):
     job = srun_job(cluster, args.program, ["loop", "60"], deadline)
     try:
         job.wait_for_pids()
-        time.sleep(0.5)  # mid-loop: the ranks are inside all-reduces most of the time
+        job.wait_in_loop()
         cut = time.monotonic()
         cluster.run(["ip", "link", "set", private_cluster.INTERFACE, "down"], host="n2", check=True)
         elapsed = job.wait_gone(cut, 2 * deadline + 10)
@@ -380,7 +399,9 @@ def test_cleanup(args):
     cluster is left (namespaces, links, mounts, folder, processes); after SIGKILL, nothing once
     the next cluster has started."""
     script = os.path.join(here, "..", "..", "scripts", "private_cluster.py")
-    busy = " ".join(SRUN) + " sleep 60"
+    # Busy: an MPI job on both hosts (its shared memory and session folders must go too).
+    busy = " ".join(SRUN) + f' {args.program} "$WEFT_CLUSTER_DIR" loop 60'
+    program = os.path.basename(args.program)
     cases = [("a run", "srun -N 2 -n 4 hostname", None, 0),
              ("a failure", "srun -N 2 -n 4 false", None, 1),
              ("SIGINT (Ctrl-C)", busy, signal.SIGINT, 128 + signal.SIGINT),
@@ -405,7 +426,7 @@ def test_cleanup(args):
         if sig is not None:
             # The job is running on both hosts when the signal comes.
             end = time.monotonic() + 30
-            while not steps_running(folder):
+            while not steps_running(folder, program):
                 if time.monotonic() > end:
                     process.terminate()  # the script removes the cluster
                     fail(f"{what}: the job never started", process.communicate()[0])
@@ -437,21 +458,22 @@ def test_cleanup(args):
               f"mount, folder or process of the cluster")
 
 
-def steps_running(folder):
-    """Whether the job's tasks (sleep) run on both hosts: a slurmstepd of the cluster on each."""
+def steps_running(folder, program):
+    """Whether the cluster whose folder is `folder` runs `program` on both hosts."""
     hosts = set()
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/cmdline", "rb") as f:
                     cmdline = f.read().split(b"\0")
-            except OSError:
-                continue
-            if os.path.basename(cmdline[0]) == b"sleep":
+                if os.path.basename(cmdline[0]) != program.encode():
+                    continue
                 with open(f"/proc/{entry}/environ", "rb") as f:
                     env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
-                if env.get(b"SLURM_CONF", b"").startswith(folder.encode()):
-                    hosts.add(env.get(b"SLURMD_NODENAME"))
+            except OSError:
+                continue
+            if env.get(b"SLURM_CONF", b"").startswith(folder.encode()):
+                hosts.add(env.get(b"SLURMD_NODENAME"))
     return len(hosts) == 2
 
 
