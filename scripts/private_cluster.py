@@ -13,10 +13,12 @@ n1 with:
   OMPI_MCA_{oob,btl}_tcp_if_include=weft0, NCCL_SOCKET_IFNAME=weft0: traffic between hosts on the
                                           private addresses, never on lo
   WEFT_CLUSTER_HOSTS="n1 n2 ..."          the hosts; WEFT_CLUSTER_DIR its folder
-  WEFT_CLUSTER_ENTER="... n2 CMD"         a command prefix that runs CMD on a host, e.g.
-                                          `$WEFT_CLUSTER_ENTER n2 ip link set weft0 down`
-Everything (processes in the namespaces, the namespaces, their links, mounts and the folder) is
-removed when COMMAND ends, fails, or this script gets SIGINT, SIGTERM or SIGHUP.
+  WEFT_CLUSTER_ENTER                      a program: `$WEFT_CLUSTER_ENTER n2 CMD...` runs CMD on n2,
+                                          e.g. `$WEFT_CLUSTER_ENTER n2 ip link set weft0 down`
+Everything (processes in the namespaces, the namespaces, their links, mounts and the folders) is
+removed when COMMAND ends, fails, or this script gets SIGINT, SIGTERM or SIGHUP, and so are the
+shared-memory segments of killed ranks (/dev/shm/vader_segment.n<i>.*) that no process maps; what
+a script killed by SIGKILL left is removed by the next one.
 
 As a program:  private_cluster.py [--hosts N] [--cpus C] -- COMMAND...
   exits with COMMAND's status; 77 when the cluster cannot be made here (not root, no `ip`, no
@@ -71,8 +73,6 @@ class Cluster:
         self.cpus = cpus
         self.tag = f"weft{os.getpid()}"  # names this cluster's namespaces: weft<pid>-n1, weft<pid>-sw
         self.folder = tempfile.mkdtemp(prefix=f"weft_cluster_{os.getpid()}_")
-        # Open MPI's shared-memory segments and session folders (its ranks leave them when killed).
-        self.shm = tempfile.mkdtemp(prefix=f"weft_cluster_{os.getpid()}_", dir=SHM_DIR if os.path.isdir(SHM_DIR) else None)
         self.namespaces = []   # network namespaces made (names under /run/netns)
         self.uts_files = []    # persistent UTS namespaces (bind mounts in self.folder)
         self.env = private_slurm.slurm_environment()
@@ -156,8 +156,6 @@ esac
             "NCCL_SOCKET_IFNAME": INTERFACE,
             "WEFT_CLUSTER_HOSTS": " ".join(self.hosts),
             "WEFT_CLUSTER_DIR": self.folder,
-            "OMPI_MCA_btl_vader_backing_directory": self.shm,
-            "OMPI_MCA_orte_tmpdir_base": self.shm,
             "WEFT_CLUSTER_ENTER": enter,
         })
 
@@ -194,7 +192,7 @@ esac
         for name in self.namespaces:
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
         shutil.rmtree(self.folder, ignore_errors=True)
-        shutil.rmtree(self.shm, ignore_errors=True)
+        remove_dead_segments(self.hosts)
 
     @staticmethod
     def signal_until_gone(find, steps):
@@ -257,15 +255,43 @@ def remove_stale():
             for victim in subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split():
                 with contextlib.suppress(OSError):
                     os.kill(int(victim), signal.SIGKILL)
-        for folder in glob.glob(os.path.join(tempfile.gettempdir(), f"weft_cluster_{pid}_*")) + \
-                glob.glob(os.path.join(SHM_DIR, f"weft_cluster_{pid}_*")):
+        for folder in glob.glob(os.path.join(tempfile.gettempdir(), f"weft_cluster_{pid}_*")):
             for uts in glob.glob(os.path.join(folder, "uts", "*")):
                 subprocess.run(["umount", uts], capture_output=True)
             shutil.rmtree(folder, ignore_errors=True)
         for name in namespaces:
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
+        remove_dead_segments(host_names(250))
         print(f"private_cluster: removed the cluster a killed script (pid {pid}) left: {' '.join(sorted(namespaces))}",
               file=sys.stderr)
+
+
+def dead_segments(hosts):
+    """Open MPI's shared-memory segments (/dev/shm/vader_segment.<host>.*) of `hosts` that no process
+    has open or maps. Their names carry the host and the job, not the cluster, so a live segment
+    of another cluster with the same host names is told apart by its users: a rank opens its
+    segment, maps it, then closes it, so a segment listed here was open or mapped all along while
+    in use, and each process's files are read before its maps."""
+    paths = {p for h in hosts for p in glob.glob(os.path.join(SHM_DIR, f"vader_segment.{h}.*"))}
+    for entry in os.listdir("/proc"):
+        if not paths:
+            break
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                for fd in os.listdir(f"/proc/{entry}/fd"):
+                    with contextlib.suppress(OSError):
+                        paths.discard(os.readlink(f"/proc/{entry}/fd/{fd}"))
+                with open(f"/proc/{entry}/maps") as maps:
+                    for line in maps:
+                        if "vader_segment" in line:
+                            paths.discard(line.split(None, 5)[5].strip())
+    return sorted(paths)
+
+
+def remove_dead_segments(hosts):
+    for path in dead_segments(hosts):
+        with contextlib.suppress(OSError):
+            os.remove(path)
 
 
 def process_alive(pid):
@@ -288,14 +314,13 @@ def leftovers(tag, folder):
     with open("/proc/self/mountinfo") as mounts:
         found += [f"mount {line.split()[4]}" for line in mounts if folder in line or f"/{tag}-" in line]
     pid = tag[len("weft"):]
-    for path in [folder] + glob.glob(os.path.join(tempfile.gettempdir(), f"weft_cluster_{pid}_*")) + \
-            glob.glob(os.path.join(SHM_DIR, f"weft_cluster_{pid}_*")):
+    for path in [folder] + glob.glob(os.path.join(tempfile.gettempdir(), f"weft_cluster_{pid}_*")):
         if os.path.exists(path) and f"folder {path}" not in found:
             found.append(f"folder {path}")
-    # Open MPI's files named after the cluster's hosts (its shared memory and session folders go
-    # to the cluster's own folder under /dev/shm; a job that put them elsewhere leaves them here).
-    for pattern in (os.path.join(SHM_DIR, "vader_segment.n[0-9]*"), os.path.join(tempfile.gettempdir(), "ompi.n[0-9]*")):
-        found += [f"file {path}" for path in glob.glob(pattern)]
+    # Open MPI's shared-memory segments of the cluster's hosts that no process maps (ranks killed
+    # mid-job leave them), and the session folders of its hosts (a killed mpirun leaves one).
+    found += [f"file {path}" for path in dead_segments(host_names(250))]
+    found += [f"file {path}" for path in glob.glob(os.path.join(tempfile.gettempdir(), "ompi.n[0-9]*"))]
     # Every process of the cluster (daemons, steps, the command, what it started) has the folder
     # in its command line or its environment (WEFT_CLUSTER_DIR, SLURM_CONF).
     for entry in os.listdir("/proc"):

@@ -399,8 +399,8 @@ def test_cleanup(args):
     cluster is left (namespaces, links, mounts, folder, processes); after SIGKILL, nothing once
     the next cluster has started."""
     script = os.path.join(here, "..", "..", "scripts", "private_cluster.py")
-    # Busy: an MPI job on both hosts (its shared memory and session folders must go too).
-    busy = " ".join(SRUN) + f' {args.program} "$WEFT_CLUSTER_DIR" loop 60'
+    # Busy: an MPI job on both hosts (its shared-memory segments must go too).
+    busy = 'WEFT_TRACE_DIR="$WEFT_CLUSTER_DIR" ' + " ".join(SRUN) + f' {args.program} "$WEFT_CLUSTER_DIR" loop 60'
     program = os.path.basename(args.program)
     cases = [("a run", "srun -N 2 -n 4 hostname", None, 0),
              ("a failure", "srun -N 2 -n 4 false", None, 1),
