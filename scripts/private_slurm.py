@@ -9,6 +9,8 @@ As a program:  private_slurm.py [--cpus N] -- COMMAND...
   the daemons do not start), having said why.
 As a module:   with private_slurm.cluster(cpus) as env: subprocess.run([...], env=env)
   raises private_slurm.Unavailable (with the reason) when Slurm cannot run here.
+Its pieces (the configuration for any list of nodes, munge, the checks, the wait for idle nodes)
+also make the private multi-host cluster of scripts/private_cluster.py.
 """
 import contextlib
 import glob
