@@ -121,33 +121,31 @@ class Cluster:
                 raise Unavailable(f"could not make a UTS namespace: {made.stderr.strip()}")
             self.uts_files.append(uts)
 
-    def write_helpers(self):
-        """The rsh agent for mpirun and its hostfile."""
-        agent = os.path.join(self.folder, "rsh-agent")
-        cases = "".join(f"  {h}) exec {' '.join(self.enter(h))} /bin/sh -c \"$*\" ;;\n" for h in self.hosts)
-        with open(agent, "w") as out:
+    def write_host_script(self, name, usage, run):
+        """folder/name: a script whose first argument names a host, and which runs the rest there
+        (`run`: how the rest is run once in the host's namespaces)."""
+        path = os.path.join(self.folder, name)
+        cases = "".join(f"  {h}) exec {' '.join(self.enter(h))} {run} ;;\n" for h in self.hosts)
+        with open(path, "w") as out:
             out.write(f"""#!/bin/sh
-# mpirun's rsh agent for the private cluster: AGENT HOST COMMAND... runs COMMAND on HOST (its namespaces).
+# {usage}
 host="$1"; shift
 case "$host" in
-{cases}  *) echo "rsh-agent: no host '$host' in the private cluster ({' '.join(self.hosts)})" >&2; exit 255 ;;
+{cases}  *) echo "{name}: no host '$host' in the private cluster ({' '.join(self.hosts)})" >&2; exit 255 ;;
 esac
 """)
-        os.chmod(agent, 0o755)
+        os.chmod(path, 0o755)
+        return path
+
+    def write_helpers(self):
+        """mpirun's rsh agent and hostfile, and the `enter` program."""
+        # As ssh does, the agent joins the command's words into one line for a shell on the host.
+        agent = self.write_host_script("rsh-agent", "mpirun's rsh agent: rsh-agent HOST COMMAND... runs COMMAND on HOST",
+                                       '/bin/sh -c "$*"')
+        enter = self.write_host_script("enter", "enter HOST COMMAND...: runs COMMAND on HOST", '"$@"')
         hostfile = os.path.join(self.folder, "hostfile")
         with open(hostfile, "w") as out:
             out.write("".join(f"{h} slots={self.cpus}\n" for h in self.hosts))
-        enter = os.path.join(self.folder, "enter")
-        with open(enter, "w") as out:
-            out.write(f"""#!/bin/sh
-# enter HOST COMMAND...: runs COMMAND on HOST of the private cluster.
-host="$1"; shift
-case "$host" in
-""" + "".join(f"  {h}) exec {' '.join(self.enter(h))} \"$@\" ;;\n" for h in self.hosts) +
-                      f"""  *) echo "enter: no host '$host' in the private cluster ({' '.join(self.hosts)})" >&2; exit 255 ;;
-esac
-""")
-        os.chmod(enter, 0o755)
         self.env.update({
             "OMPI_MCA_plm_rsh_agent": agent,
             "OMPI_MCA_orte_default_hostfile": hostfile,
