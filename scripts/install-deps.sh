@@ -3,10 +3,11 @@
 # Run as root (or with sudo available). Safe to run again: it does nothing when all are present.
 set -euo pipefail
 # slurm-wlm and munge: a private single-node Slurm for the srun launch tests and the main job.
+# iproute2: the network namespaces of the private multi-node cluster (scripts/private_cluster.py).
 # libopenblas-dev: train_gpt's GEMMs (and, through libblas.so.3, PyTorch's, for fair comparisons).
 # clang-14 and libclang-rt-14-dev: the libFuzzer harnesses (scripts/fuzz.sh).
 packages=(cmake ninja-build g++ openmpi-bin libopenmpi-dev catch2 librange-v3-dev libbenchmark-dev python3 python3-torch
-          python3-pip slurm-wlm munge libopenblas-dev clang-14 libclang-rt-14-dev)
+          python3-pip slurm-wlm munge iproute2 libopenblas-dev clang-14 libclang-rt-14-dev)
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
 missing=()

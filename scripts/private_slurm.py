@@ -9,8 +9,11 @@ As a program:  private_slurm.py [--cpus N] -- COMMAND...
   the daemons do not start), having said why.
 As a module:   with private_slurm.cluster(cpus) as env: subprocess.run([...], env=env)
   raises private_slurm.Unavailable (with the reason) when Slurm cannot run here.
+Its pieces (the configuration for any list of nodes, munge, the checks, the wait for idle nodes)
+also make the private multi-host cluster of scripts/private_cluster.py.
 """
 import contextlib
+import glob
 import os
 import shutil
 import socket
@@ -64,21 +67,31 @@ def start_munge():
     raise Unavailable("munged started but does not answer (munge -n | unmunge)")
 
 
-def write_config(folder, host, ctld_port, slurmd_port, cpus):
+def write_config(folder, controller, nodes, cpus, ctld_port=6817, slurmd_port=6818):
+    """Writes folder/slurm.conf for a controller (name, address) and nodes [(name, address)], each
+    of `cpus` CPUs, all in one partition; state, spool, pid and log files under `folder` (the
+    per-node ones, spool and TmpFS among them, named after the node, %n).
+
+    Job ids start at a number of this process's own: Open MPI names its shared-memory segments
+    and session folders after the host and the job, so two private Slurms on one machine (same
+    host names, both at job 1) would share them, and their ranks crashed in MPI_Init."""
     config = os.path.join(folder, "slurm.conf")
+    node_lines = "".join(f"NodeName={name} NodeAddr={address} CPUs={cpus} State=UNKNOWN\n" for name, address in nodes)
     with open(config, "w") as out:
         out.write(f"""ClusterName=weft-local
-SlurmctldHost={host}(127.0.0.1)
+FirstJobId={(os.getpid() % 65536) * 1000 + 1}
+SlurmctldHost={controller[0]}({controller[1]})
 SlurmUser=root
 AuthType=auth/munge
 StateSaveLocation={folder}/state
-SlurmdSpoolDir={folder}/spool
+SlurmdSpoolDir={folder}/spool-%n
+TmpFS={folder}/tmp-%n
 SlurmctldPidFile={folder}/slurmctld.pid
-SlurmdPidFile={folder}/slurmd.pid
+SlurmdPidFile={folder}/slurmd-%n.pid
 SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}
 SlurmctldLogFile={folder}/slurmctld.log
-SlurmdLogFile={folder}/slurmd.log
+SlurmdLogFile={folder}/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 MpiDefault=pmix
@@ -86,11 +99,13 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 ReturnToService=2
 SlurmdParameters=config_overrides
-NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
-PartitionName=weft Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE
+{node_lines}PartitionName=weft Nodes={",".join(name for name, _ in nodes)} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE
 """)
     os.makedirs(os.path.join(folder, "state"))
-    os.makedirs(os.path.join(folder, "spool"))
+    for name, _ in nodes:
+        # The steps' PMIx folders go under TmpFS: one per node, as the hosts share this /tmp.
+        os.makedirs(os.path.join(folder, f"spool-{name}"))
+        os.makedirs(os.path.join(folder, f"tmp-{name}"))
     return config
 
 
@@ -104,51 +119,65 @@ def kill_from_pidfile(path):
 
 
 def show_logs(folder):
-    for name in ("slurmctld.log", "slurmd.log"):
-        path = os.path.join(folder, name)
-        if os.path.exists(path):
-            with open(path) as f:
-                lines = f.readlines()[-15:]
-            print(f"--- last lines of {name}:\n" + "".join(lines), file=sys.stderr)
+    for path in sorted(glob.glob(os.path.join(folder, "slurm*.log"))):
+        with open(path) as f:
+            lines = f.readlines()[-15:]
+        print(f"--- last lines of {os.path.basename(path)}:\n" + "".join(lines), file=sys.stderr)
+
+
+def check_installed():
+    missing = [n for n in ("srun", "slurmctld", "slurmd", "munged", "munge") if not shutil.which(n)]
+    if missing:
+        raise Unavailable("Slurm or munge is not installed (missing " + ", ".join(missing) + "; Debian: slurm-wlm munge)")
+    if os.geteuid() != 0:
+        raise Unavailable("slurmd needs root")
+
+
+def wait_until_idle(env, folder, nodes, run=subprocess.run):
+    """Waits up to 30 s for every node to be idle (`run` runs sinfo where the controller is)."""
+    deadline = time.time() + 30
+    states = ""
+    while time.time() < deadline:
+        states = run(["sinfo", "-h", "-N", "-o", "%N %T"], env=env, capture_output=True, text=True, timeout=10).stdout
+        idle = {line.split()[0] for line in states.splitlines() if line.split()[1:] == ["idle"]}
+        if idle >= set(nodes):
+            return
+        time.sleep(0.2)
+    show_logs(folder)
+    raise Unavailable("the private Slurm did not come up within 30 s (node states: " +
+                      ", ".join(states.split("\n")).strip(", ") + ")")
+
+
+def slurm_environment():
+    """This process's environment without an outer job's SLURM_ variables."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
 
 
 @contextlib.contextmanager
 def cluster(cpus):
     """Yields the environment (SLURM_CONF set, no outer job's SLURM_ variables) of a running
     private Slurm with one node of `cpus` CPUs; stops it on exit."""
-    missing = [n for n in ("srun", "slurmctld", "slurmd", "munged", "munge") if not shutil.which(n)]
-    if missing:
-        raise Unavailable("Slurm or munge is not installed (missing " + ", ".join(missing) + "; Debian: slurm-wlm munge)")
-    if os.geteuid() != 0:
-        raise Unavailable("slurmd needs root")
+    check_installed()
     host = socket.gethostname().split(".")[0]
     folder = tempfile.mkdtemp(prefix="weft_slurm_")
     started_munge = False
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}  # not inside another job
+    env = slurm_environment()
     try:
         try:
             started_munge = start_munge()
             ctld_port, slurmd_port = free_ports(2)
-            env["SLURM_CONF"] = write_config(folder, host, ctld_port, slurmd_port, max(cpus, os.cpu_count() or 1))
+            env["SLURM_CONF"] = write_config(folder, (host, "127.0.0.1"), [(host, "127.0.0.1")],
+                                             max(cpus, os.cpu_count() or 1), ctld_port, slurmd_port)
             subprocess.run(["slurmctld", "-f", env["SLURM_CONF"]], env=env, check=True, timeout=30)
             subprocess.run(["slurmd", "-f", env["SLURM_CONF"]], env=env, check=True, timeout=30)
         except (subprocess.SubprocessError, OSError) as e:
             show_logs(folder)
             raise Unavailable(f"could not start a private Slurm here: {e}") from e
-        deadline = time.time() + 30
-        state = ""
-        while time.time() < deadline:
-            state = subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True,
-                                   timeout=10).stdout.strip()
-            if state == "idle":
-                break
-            time.sleep(0.2)
-        else:
-            show_logs(folder)
-            raise Unavailable(f"the private Slurm did not come up within 30 s (node state '{state}')")
+        wait_until_idle(env, folder, [host])
         yield env
     finally:
-        kill_from_pidfile(os.path.join(folder, "slurmd.pid"))
+        for pidfile in glob.glob(os.path.join(folder, "slurmd-*.pid")):
+            kill_from_pidfile(pidfile)
         kill_from_pidfile(os.path.join(folder, "slurmctld.pid"))
         if started_munge:
             kill_from_pidfile("/run/munge/munged.pid")

@@ -1,6 +1,6 @@
 // What weft resolves from the launcher that started this process, checked against MPI's own view
 // (resolve_launch_with_mpi), one line per rank for a driver script to compare with what it asked
-// the launcher for. Any disagreement aborts the job with weft's message.
+// the launcher for, with the host it runs on. Any disagreement aborts the job with weft's message.
 #include <mpi.h>
 
 #include <weft/launch/mpi_cross_check.hpp>
@@ -11,6 +11,8 @@
 #include <exception>
 #include <string>
 
+#include <unistd.h>
+
 int main(int argc, char** argv) {
   weft::mpi_environment environment(weft::mpi_init_mode::init_and_finalize, &argc, &argv);
   try {
@@ -18,9 +20,11 @@ int main(int argc, char** argv) {
     int rank_sum = 0;
     MPI_Allreduce(&info.rank, &rank_sum, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     const std::string source(weft::to_string(info.source));
-    std::printf("launcher=%s rank=%d world=%d local_rank=%d local_world=%d node=%d nodes=%d rank_sum=%d\n",
+    char host[256] = {};
+    gethostname(host, sizeof host - 1);
+    std::printf("launcher=%s rank=%d world=%d local_rank=%d local_world=%d node=%d nodes=%d rank_sum=%d host=%s\n",
                 source.c_str(), info.rank, info.world_size, info.local_rank, info.local_world_size, info.node,
-                info.node_count, rank_sum);
+                info.node_count, rank_sum, host);
     std::fflush(stdout);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "launcher_report: %s\n", e.what());
