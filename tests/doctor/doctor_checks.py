@@ -4,7 +4,7 @@
   doctor_checks.py WEFT_DOCTOR trees                    the faults of the fake trees, one rank
   doctor_checks.py WEFT_DOCTOR flags                    the bad-flag sweep
   doctor_checks.py WEFT_DOCTOR mpi --mpiexec M --ranks N   N ranks under mpiexec on this machine
-  doctor_checks.py WEFT_DOCTOR nodes --mpiexec M        2 ranks as 2 nodes (WEFT_DOCTOR_NODE), drivers differing
+  doctor_checks.py WEFT_DOCTOR nodes --mpiexec M        4 ranks as 2 nodes (WEFT_DOCTOR_NODE), drivers differing
   doctor_checks.py WEFT_DOCTOR slurm --ranks N          N ranks under the private Slurm (77: no Slurm here)
 
 Every run is checked for a report whose statuses and exit code agree: 1 exactly when a check
@@ -43,7 +43,9 @@ def report(command, env=None, timeout=120, want_exit=None):
     """Runs weft-doctor with --json, checks the JSON against the exit code; returns {name@node: check}."""
     with tempfile.TemporaryDirectory() as work:
         path = os.path.join(work, "doctor.json")
-        done = run(command + ["--json", path], env, timeout)
+        # mpiexec ends the ranks still finalizing once one exits with 1; weft then dumps their
+        # flight recorders, here rather than in the current folder.
+        done = run(command + ["--json", path], dict(env or {}, WEFT_TRACE_DIR=work), timeout)
         if not os.path.exists(path):
             fail(f"'{' '.join(command)}' wrote no JSON (exit {done.returncode}):\n{done.stdout}\n{done.stderr}")
         with open(path) as f:
@@ -199,33 +201,30 @@ def mpi(doctor, mpiexec, ranks):
 
 
 def nodes(doctor, mpiexec):
-    # Each rank names a node of its own (as on two hosts) through WEFT_DOCTOR_NODE, and its driver
-    # through WEFT_DOCTOR_DRIVER_VERSION: the same on both, then differing.
+    # 4 ranks as 2 nodes of 2 (as on two hosts), named through WEFT_DOCTOR_NODE, with the driver
+    # version of WEFT_DOCTOR_DRIVER_VERSION: the same on both nodes, then differing.
+    def launch(driver):
+        return [mpiexec, "-n", "4", "--oversubscribe", "--bind-to", "none", "sh", "-c",
+                'WEFT_DOCTOR_NODE=node$((OMPI_COMM_WORLD_RANK / 2)) WEFT_DOCTOR_DRIVER_VERSION=%s exec "$0" "$@"' % driver,
+                doctor] + SMALL
     with tempfile.TemporaryDirectory() as work:
         # Links expected at 0.001 Gb/s: this machine's loopback passes.
-        same = ["--expect-link-gbps", "0.001"] + SMALL + storage_args(work)
-        command = [mpiexec, "-n", "2", "--oversubscribe", "--bind-to", "none", "sh", "-c",
-                   'WEFT_DOCTOR_NODE=node$OMPI_COMM_WORLD_RANK WEFT_DOCTOR_DRIVER_VERSION=550.54.15 exec "$0" "$@"',
-                   doctor] + same
+        command = launch("550.54.15") + ["--expect-link-gbps", "0.001"] + storage_args(work)
         checks, _ = report(command, timeout=180, want_exit=0)
-        expect(checks, "same.driver", "PASS", "550.54.15 on all 2 nodes")
-        this_machine(checks, 2, 2)
-        expect(checks, "collectives.all_reduce.nodes", "PASS", "over 2 ranks on 2 nodes")
-        expect(checks, "collectives.p2p", "PASS", "node0-node1", "GB/s")
-        expect(checks, "collectives.all_reduce.node", "SKIP", "one rank on this node")
-        command = [mpiexec, "-n", "2", "--oversubscribe", "--bind-to", "none", "sh", "-c",
-                   'WEFT_DOCTOR_NODE=node$OMPI_COMM_WORLD_RANK WEFT_DOCTOR_DRIVER_VERSION=55$OMPI_COMM_WORLD_RANK.54 '
-                   'exec "$0" "$@"', doctor] + SMALL + ["--expect-link-gbps", "0.001"]
-        checks, _ = report(command, timeout=180, want_exit=1)
-        expect(checks, "same.driver", "FAIL", "550.54 on node0 (rank 0)", "551.54 on node1 (rank 1)",
-               "same NVIDIA driver on every node")
-        # The links of a cluster fail against 400 Gb/s on this machine's loopback.
-        command = command[:-2]
-        checks, _ = report(command, timeout=180, want_exit=1)
-        expect(checks, "collectives.all_reduce.nodes", "FAIL", "Gb/s over 2 ranks", "NET/IB")
-        expect(checks, "collectives.p2p", "FAIL", "slow pairs: node0-node1")
-    print("doctor_checks: 2 ranks as 2 nodes: drivers compared (same: PASS, differing: FAIL naming each node), "
-          "all-reduce across nodes and p2p measured and judged against --expect-link-gbps")
+    expect(checks, "same.driver", "PASS", "550.54.15 on all 2 nodes")
+    this_machine(checks, 4, 2)  # the all-reduce inside each node of 2 ranks: exact on both
+    expect(checks, "collectives.all_reduce.nodes", "PASS", "over 4 ranks on 2 nodes")
+    expect(checks, "collectives.p2p", "PASS", "node0-node1", "GB/s")
+    checks, _ = report(launch("55$((OMPI_COMM_WORLD_RANK / 2)).54") + ["--expect-link-gbps", "0.001"], timeout=180,
+                       want_exit=1)
+    expect(checks, "same.driver", "FAIL", "550.54 on node0 (ranks 0,1)", "551.54 on node1 (ranks 2,3)",
+           "same NVIDIA driver on every node")
+    # The links of a cluster fail against 400 Gb/s on this machine's loopback.
+    checks, _ = report(launch("550.54.15"), timeout=180, want_exit=1)
+    expect(checks, "collectives.all_reduce.nodes", "FAIL", "Gb/s over 4 ranks", "NET/IB")
+    expect(checks, "collectives.p2p", "FAIL", "slow pairs: node0-node1")
+    print("doctor_checks: 4 ranks as 2 nodes: drivers compared (same: PASS, differing: FAIL naming each node), "
+          "all-reduce inside and across nodes and p2p measured and judged against --expect-link-gbps")
 
 
 def slurm(doctor, ranks):
