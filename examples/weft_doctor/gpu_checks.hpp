@@ -21,7 +21,7 @@ struct gpu_facts {
 inline gpu_facts read_gpus(const roots& r, const nvml_library& nvml) {
   gpu_facts facts;
   facts.gpus = pci_gpus(r);
-  facts.source = "PCI bus (" + (r.sysfs / "bus/pci/devices").string() + ")";
+  facts.source = "the PCI bus (" + (r.sysfs / "bus/pci/devices").string() + ")";
   facts.driver = proc_driver_version(r);
   if (nvml.ready()) {
     std::vector<gpu_info> listed;
@@ -38,14 +38,16 @@ inline gpu_facts read_gpus(const roots& r, const nvml_library& nvml) {
   return facts;
 }
 
-/// NVML's counters of one GPU that say it is failing or slowed down.
-inline std::vector<std::string> gpu_health_problems(const nvml_library& nvml, nvml_library::device d, bool* throttled) {
+/// NVML's counters of one GPU that say it is failing (counted in `failing`) or slowed down.
+inline std::vector<std::string> gpu_health_problems(const nvml_library& nvml, nvml_library::device d, int* failing) {
   std::vector<std::string> problems;
   // nvmlDeviceGetTotalEccErrors(device, NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1, NVML_VOLATILE_ECC = 0, count)
   unsigned long long ecc = 0;
   if (auto f = nvml.symbol<int (*)(nvml_library::device, int, int, unsigned long long*)>("nvmlDeviceGetTotalEccErrors");
-      f && f(d, 1, 0, &ecc) == nvml_library::success && ecc > 0)
+      f && f(d, 1, 0, &ecc) == nvml_library::success && ecc > 0) {
     problems.push_back(std::to_string(ecc) + " uncorrected ECC errors since the driver loaded");
+    ++*failing;
+  }
   // nvmlDeviceGetRemappedRows (A100 and later): a pending remap needs a GPU reset; a failure, a replacement.
   unsigned corrected = 0, uncorrected = 0, pending = 0, failed = 0;
   if (auto f = nvml.symbol<int (*)(nvml_library::device, unsigned*, unsigned*, unsigned*, unsigned*)>(
@@ -53,29 +55,30 @@ inline std::vector<std::string> gpu_health_problems(const nvml_library& nvml, nv
       f && f(d, &corrected, &uncorrected, &pending, &failed) == nvml_library::success) {
     if (pending) problems.push_back("a row remap is pending (reset the GPU)");
     if (failed) problems.push_back("row remapping failed (replace the GPU)");
+    *failing += (pending ? 1 : 0) + (failed ? 1 : 0);
   } else if (auto g = nvml.symbol<int (*)(nvml_library::device, int, unsigned*, unsigned long long*)>(
                  "nvmlDeviceGetRetiredPages")) {
     // Older GPUs retire pages instead: cause 1 is a double-bit ECC error.
     unsigned count = 0;
     g(d, 1, &count, nullptr);
-    if (count > 0) problems.push_back(std::to_string(count) + " pages retired for double-bit ECC errors");
+    if (count > 0) {
+      problems.push_back(std::to_string(count) + " pages retired for double-bit ECC errors");
+      ++*failing;
+    }
   }
   // Throttle reasons other than idle (0x1) and the application clock setting (0x2).
   unsigned long long reasons = 0;
   if (auto f = nvml.symbol<int (*)(nvml_library::device, unsigned long long*)>("nvmlDeviceGetCurrentClocksThrottleReasons");
       f && f(d, &reasons) == nvml_library::success && (reasons & ~0x3ull) != 0) {
-    *throttled = true;
-    std::string why;
-    if (reasons & 0x4) why += " software power cap;";
-    if (reasons & 0x8) why += " hardware slowdown;";
-    if (reasons & 0x20) why += " software thermal;";
-    if (reasons & 0x40) why += " hardware thermal;";
-    if (reasons & 0x80) why += " power brake;";
-    problems.push_back("clocks throttled (reasons 0x" + [&] {
-      char hex[20];
-      std::snprintf(hex, sizeof hex, "%llx", reasons);
-      return std::string(hex);
-    }() + ":" + why + ")");
+    std::vector<std::string> why;
+    if (reasons & 0x4) why.push_back("software power cap");
+    if (reasons & 0x8) why.push_back("hardware slowdown");
+    if (reasons & 0x20) why.push_back("software thermal");
+    if (reasons & 0x40) why.push_back("hardware thermal");
+    if (reasons & 0x80) why.push_back("power brake");
+    char hex[20];
+    std::snprintf(hex, sizeof hex, "0x%llx", reasons);
+    problems.push_back("clocks throttled (reasons " + std::string(hex) + (why.empty() ? "" : ": " + joined(why)) + ")");
   }
   return problems;
 }
@@ -97,7 +100,7 @@ inline std::vector<check> check_gpus(const roots& r, const nvml_library& nvml, c
   std::sort(models.begin(), models.end());
   models.erase(std::unique(models.begin(), models.end()), models.end());
   checks.push_back({"gpu.count", status::pass,
-                    std::to_string(facts.gpus.size()) + " x " + joined(models) + " (from the " + facts.source +
+                    std::to_string(facts.gpus.size()) + " x " + joined(models) + " (from " + facts.source +
                         "), driver " + (facts.driver.empty() ? "unknown" : facts.driver) +
                         (facts.cuda_driver.empty() ? "" : ", CUDA " + facts.cuda_driver),
                     "the GPUs the job runs on, the same on every node (compared below)", "", ""});
@@ -105,10 +108,10 @@ inline std::vector<check> check_gpus(const roots& r, const nvml_library& nvml, c
     checks.push_back({"gpu.health", status::skip, nvml.reason(), "no ECC errors, pending remaps or throttling", "", ""});
   } else {
     std::vector<std::string> problems;
-    bool throttled = false;
+    int failing = 0;  // problems other than throttling
     const auto devices = nvml.devices();
     for (std::size_t i = 0; i < devices.size(); ++i)
-      for (const std::string& p : gpu_health_problems(nvml, devices[i], &throttled))
+      for (const std::string& p : gpu_health_problems(nvml, devices[i], &failing))
         problems.push_back("GPU " + std::to_string(i) + ": " + p);
     check c{"gpu.health", problems.empty() ? status::pass : status::fail,
             problems.empty() ? "no uncorrected ECC errors, no pending or failed remaps, no throttling" : joined(problems, "; "),
@@ -117,7 +120,7 @@ inline std::vector<check> check_gpus(const roots& r, const nvml_library& nvml, c
       c.fix = "drain the node: reset GPUs with pending remaps (nvidia-smi -r), replace GPUs with failed remaps or "
               "growing ECC counts, and check cooling and power limits of throttled ones (nvidia-smi -q -d "
               "PERFORMANCE); see docs/doctor.md#gpus";
-    if (problems.size() == 1 && throttled) c.result = status::warn;
+    if (!problems.empty() && failing == 0) c.result = status::warn;  // throttled only
     checks.push_back(c);
   }
   // Topology: each GPU's NUMA node and the RDMA devices on the same NUMA node; GPU pairs over NVML.

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """weft-doctor's checks, against fake sysfs/procfs trees (trees/) and on this machine.
 
-  doctor_checks.py WEFT_DOCTOR trees                    the faults of the fake trees, one rank
+  doctor_checks.py WEFT_DOCTOR trees [--fake-nvml DIR]  the faults of the fake trees (and NVML), one rank
   doctor_checks.py WEFT_DOCTOR flags                    the bad-flag sweep
   doctor_checks.py WEFT_DOCTOR mpi --mpiexec M --ranks N   N ranks under mpiexec on this machine
   doctor_checks.py WEFT_DOCTOR nodes --mpiexec M        4 ranks as 2 nodes (WEFT_DOCTOR_NODE), drivers differing
@@ -86,7 +86,7 @@ def tree_args(name):
     return ["--sysfs-root", os.path.join(TREES, name, "sys"), "--proc-root", os.path.join(TREES, name, "proc")]
 
 
-def trees(doctor):
+def trees(doctor, fake_nvml):
     healthy_env = {"NCCL_SOCKET_IFNAME": "ib", "NCCL_IB_HCA": "mlx5"}
     checks, _ = report([doctor] + SMALL + tree_args("healthy_ib"), healthy_env, want_exit=0)
     for port in ("network.rdma.mlx5_0:1", "network.rdma.mlx5_1:1"):
@@ -121,6 +121,22 @@ def trees(doctor):
     checks, _ = report([doctor] + SMALL + tree_args("healthy_ib"), {"NCCL_SOCKET_IFNAME": "^lo,docker"}, want_exit=0)
     expect(checks, "nccl.socket_ifname", "PASS")
     print("doctor_checks: NCCL_SOCKET_IFNAME naming a missing interface fails with the node's interfaces, exit 1")
+
+    if fake_nvml:
+        nvml = {"LD_LIBRARY_PATH": fake_nvml}
+        checks, _ = report([doctor] + SMALL + tree_args("healthy_ib"), nvml, want_exit=0)
+        expect(checks, "gpu.count", "PASS", "2 x NVIDIA H100 80GB HBM3 (from NVML)", "driver 550.54.15, CUDA 12.4")
+        expect(checks, "gpu.health", "PASS", "no uncorrected ECC errors")
+        expect(checks, "gpu.topology", "PASS", "NUMA 0, NIC mlx5_0", "0 active NVLinks", "0-1:SYS")
+        expect(checks, "same.cuda_driver", "PASS", "12.4")
+        checks, _ = report([doctor] + SMALL + tree_args("healthy_ib"), dict(nvml, FAKE_NVML_FAULT="ecc"), want_exit=1)
+        expect(checks, "gpu.health", "FAIL", "GPU 1: 3 uncorrected ECC errors", "drain the node")
+        checks, _ = report([doctor] + SMALL + tree_args("healthy_ib"), dict(nvml, FAKE_NVML_FAULT="remap"), want_exit=1)
+        expect(checks, "gpu.health", "FAIL", "GPU 0: a row remap is pending", "nvidia-smi -r")
+        checks, _ = report([doctor] + SMALL + tree_args("healthy_ib"), dict(nvml, FAKE_NVML_FAULT="throttle"), want_exit=0)
+        expect(checks, "gpu.health", "WARN", "GPU 0: clocks throttled (reasons 0x40: hardware thermal); GPU 1", "cooling")
+        print("doctor_checks: NVML (a stand-in, through dlopen): GPUs, driver and CUDA read; ECC errors and a pending "
+              "remap fail, throttling warns")
 
     # This machine's own trees: no GPU (and here no InfiniBand): SKIP with the reason, never a crash.
     checks, _ = report([doctor] + SMALL)
@@ -251,7 +267,7 @@ def main():
     rest = sys.argv[3:]
     option = lambda name, default=None: rest[rest.index(name) + 1] if name in rest else default  # noqa: E731
     if mode == "trees":
-        trees(doctor)
+        trees(doctor, option("--fake-nvml"))
     elif mode == "flags":
         flags(doctor)
     elif mode == "mpi":
