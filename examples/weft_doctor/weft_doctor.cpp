@@ -353,7 +353,8 @@ std::pair<std::string, int> run_command(const std::string& command) {
 std::vector<check> check_slurm(int ranks_on_node, std::size_t gpus) {
   std::vector<check> checks;
   check pmix{"slurm.srun_pmix", status::pass, "", "srun --mpi=list names pmix", "", ""};
-  const auto [list, code] = run_command("command -v srun >/dev/null && srun --mpi=list");
+  // Bounded: a node whose Slurm configuration names an unreachable controller could make srun wait.
+  const auto [list, code] = run_command("command -v srun >/dev/null && timeout 20 srun --mpi=list");
   if (code == 1 && list.empty()) {
     pmix.result = status::skip;
     pmix.value = "srun is not installed here: not a Slurm node";

@@ -116,8 +116,6 @@ def trees(doctor, fake_nvml):
 
     checks, _ = report([doctor] + SMALL + tree_args("healthy_ib"), {"NCCL_SOCKET_IFNAME": "ib9,eth"}, want_exit=1)
     expect(checks, "nccl.socket_ifname", "FAIL", "no interface ib9", "NCCL_SOCKET_IFNAME", "eth0, ib0, ib1, lo")
-    checks, _ = report([doctor] + SMALL + tree_args("healthy_ib"), {"NCCL_SOCKET_IFNAME": "=ib"}, want_exit=1)
-    expect(checks, "nccl.socket_ifname", "FAIL", "no interface ib")
     checks, _ = report([doctor] + SMALL + tree_args("healthy_ib"), {"NCCL_SOCKET_IFNAME": "^lo,docker"}, want_exit=0)
     expect(checks, "nccl.socket_ifname", "PASS")
     print("doctor_checks: NCCL_SOCKET_IFNAME naming a missing interface fails with the node's interfaces, exit 1")
@@ -129,10 +127,10 @@ def trees(doctor, fake_nvml):
         expect(checks, "gpu.health", "PASS", "no uncorrected ECC errors")
         expect(checks, "gpu.topology", "PASS", "NUMA 0, NIC mlx5_0", "0 active NVLinks", "0-1:SYS")
         expect(checks, "same.cuda_driver", "PASS", "12.4")
-        checks, _ = report([doctor] + SMALL + tree_args("healthy_ib"), dict(nvml, FAKE_NVML_FAULT="ecc"), want_exit=1)
-        expect(checks, "gpu.health", "FAIL", "GPU 1: 3 uncorrected ECC errors", "drain the node")
-        checks, _ = report([doctor] + SMALL + tree_args("healthy_ib"), dict(nvml, FAKE_NVML_FAULT="remap"), want_exit=1)
-        expect(checks, "gpu.health", "FAIL", "GPU 0: a row remap is pending", "nvidia-smi -r")
+        checks, _ = report([doctor] + SMALL + tree_args("healthy_ib"), dict(nvml, FAKE_NVML_FAULT="ecc,remap"),
+                           want_exit=1)
+        expect(checks, "gpu.health", "FAIL", "GPU 0: a row remap is pending", "GPU 1: 3 uncorrected ECC errors",
+               "drain the node", "nvidia-smi -r")
         checks, _ = report([doctor] + SMALL + tree_args("healthy_ib"), dict(nvml, FAKE_NVML_FAULT="throttle"), want_exit=0)
         expect(checks, "gpu.health", "WARN", "GPU 0: clocks throttled (reasons 0x40: hardware thermal); GPU 1", "cooling")
         print("doctor_checks: NVML (a stand-in, through dlopen): GPUs, driver and CUDA read; ECC errors and a pending "
@@ -154,13 +152,8 @@ def flags(doctor):
         (["--expect-link-gbsp", "400"], "did you mean '--expect-link-gbps'?"),
         (["--expect-link-gbps"], "'--expect-link-gbps' needs a value"),
         (["--expect-link-gbps", "0"], "--expect-link-gbps expects a number from"),
-        (["--max-save-s", "-3"], "--max-save-s expects a number of at least"),
-        (["--bytes-per-token", "0"], "--bytes-per-token expects an integer from 1 to 64"),
         (["--storage-bytes", "12Q"], "unknown size suffix"),
-        (["--checkpoint-size", "0"], "--checkpoint-size must be at least 1 byte"),
         (["--data-dir", "/nonexistent/weft-doctor"], "--data-dir: '/nonexistent/weft-doctor' is not a directory"),
-        (["--sysfs-root", "/nonexistent/sys"], "--sysfs-root: '/nonexistent/sys' is not a directory"),
-        (["--comm-timeout", "soon"], "--comm-timeout"),
     ]
     for args, words in cases:
         done = run([doctor] + args, timeout=60)
@@ -231,12 +224,10 @@ def nodes(doctor, mpiexec):
     this_machine(checks, 4, 2)  # the all-reduce inside each node of 2 ranks: exact on both
     expect(checks, "collectives.all_reduce.nodes", "PASS", "over 4 ranks on 2 nodes")
     expect(checks, "collectives.p2p", "PASS", "node0-node1", "GB/s")
-    checks, _ = report(launch("55$((OMPI_COMM_WORLD_RANK / 2)).54") + ["--expect-link-gbps", "0.001"], timeout=180,
-                       want_exit=1)
+    # Differing drivers, and the links of a cluster (400 Gb/s) against this machine's loopback.
+    checks, _ = report(launch("55$((OMPI_COMM_WORLD_RANK / 2)).54"), timeout=180, want_exit=1)
     expect(checks, "same.driver", "FAIL", "550.54 on node0 (ranks 0,1)", "551.54 on node1 (ranks 2,3)",
            "same NVIDIA driver on every node")
-    # The links of a cluster fail against 400 Gb/s on this machine's loopback.
-    checks, _ = report(launch("550.54.15"), timeout=180, want_exit=1)
     expect(checks, "collectives.all_reduce.nodes", "FAIL", "Gb/s over 4 ranks", "NET/IB")
     expect(checks, "collectives.p2p", "FAIL", "slow pairs: node0-node1")
     print("doctor_checks: 4 ranks as 2 nodes: drivers compared (same: PASS, differing: FAIL naming each node), "

@@ -1,7 +1,7 @@
 // A stand-in for NVML (libnvidia-ml.so.1) with the functions weft-doctor looks up: two H100 GPUs
-// at the PCI addresses of the fake trees' GPUs, and the fault FAKE_NVML_FAULT names: `ecc`
-// (uncorrected ECC errors on GPU 1), `remap` (a row remap pending on GPU 0) or `throttle`
-// (hardware thermal slowdown on both). Loaded by weft-doctor's dlopen through LD_LIBRARY_PATH.
+// at the PCI addresses of the fake trees' GPUs, and the faults FAKE_NVML_FAULT lists: `ecc`
+// (uncorrected ECC errors on GPU 1), `remap` (a row remap pending on GPU 0), `throttle` (hardware
+// thermal slowdown on both). Loaded by weft-doctor's dlopen through LD_LIBRARY_PATH.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -9,9 +9,9 @@
 
 namespace {
 
-bool fault(const char* name) {
+bool fault(const char* name) {  // FAKE_NVML_FAULT lists faults, e.g. "ecc,remap"
   const char* set = std::getenv("FAKE_NVML_FAULT");
-  return set != nullptr && std::strcmp(set, name) == 0;
+  return set != nullptr && std::strstr(set, name) != nullptr;
 }
 
 unsigned index_of(void* device) { return static_cast<unsigned>(reinterpret_cast<std::uintptr_t>(device) - 1); }
