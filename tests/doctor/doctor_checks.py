@@ -181,6 +181,10 @@ def storage_args(work):
 
 def this_machine(checks, ranks, nodes):
     """What weft-doctor must say of this machine, on `ranks` ranks over `nodes` node names."""
+    if not os.path.exists("/dev/nvidiactl"):  # no GPU here: skipped with the reason, on every node
+        expect(checks, "gpu.count", "SKIP", "no NVIDIA GPU")
+        if len(checks["gpu.count"]) != nodes:
+            fail(f"gpu.count reported for {len(checks['gpu.count'])} nodes, expected {nodes}")
     expect(checks, "storage.data.read", "PASS", "MB/s", "1 MB in")
     expect(checks, "storage.checkpoint.write", "PASS", "MB/s")
     if len(checks["storage.data.read"]) != nodes:
