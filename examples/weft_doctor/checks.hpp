@@ -3,7 +3,6 @@
 // and from NVML when the node has it: pure functions of what they read, no MPI.
 
 #include <dlfcn.h>
-#include <sched.h>
 
 #include <algorithm>
 #include <cstdint>

@@ -3,6 +3,9 @@
 // loads: model, driver and CUDA versions, ECC errors, retired pages and row remapping, throttling,
 // and the topology (GPU-GPU links, the NUMA node and RDMA device nearest each GPU).
 
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -84,7 +87,7 @@ inline std::vector<std::string> gpu_health_problems(const nvml_library& nvml, nv
 }
 
 /// The node's GPU checks: count and model, health, topology.
-inline std::vector<check> check_gpus(const roots& r, const nvml_library& nvml, const gpu_facts& facts,
+inline std::vector<check> check_gpus(const nvml_library& nvml, const gpu_facts& facts,
                                      const std::vector<rdma_port>& ports) {
   std::vector<check> checks;
   if (facts.gpus.empty()) {
@@ -167,7 +170,6 @@ inline std::vector<check> check_gpus(const roots& r, const nvml_library& nvml, c
     c.fix = joined(problems, "; ") + ": its traffic crosses the CPU interconnect; check `nvidia-smi topo -m` and "
             "that NCCL_IB_HCA does not leave out its nearest NIC; see docs/doctor.md#topology";
   checks.push_back(c);
-  (void)r;
   return checks;
 }
 

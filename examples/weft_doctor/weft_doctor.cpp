@@ -19,6 +19,7 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #if WEFT_DOCTOR_HAS_CBLAS
 #include <cblas.h>
@@ -26,17 +27,21 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <span>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -795,7 +800,7 @@ int run(const options& o, control_comm& control) {
                     std::to_string(nccl_version % 100);
 #endif
   if (node_leader) {
-    for (check& c : check_gpus(tree, nvml, gpus, ports)) checks.push_back(c);
+    for (check& c : check_gpus(nvml, gpus, ports)) checks.push_back(c);
     for (check& c : check_rdma_ports(ports, o.expect_link_gbps)) checks.push_back(c);
     checks.push_back(check_gpudirect(tree, !gpus.gpus.empty(), !ports.empty()));
     checks.push_back(check_socket_ifname(tree, std::getenv("NCCL_SOCKET_IFNAME")));
