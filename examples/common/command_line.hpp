@@ -250,16 +250,16 @@ inline std::chrono::milliseconds parse_comm_timeout_flag(std::string_view flag, 
 /// usage_error alike, before any collective call that could leave another waiting: rank 0 prints
 /// it with `usage` and each rank exits with 1. Any other exception is printed with its rank and
 /// ends in MPI_Abort with `abort_status`: the other ranks could otherwise wait for this one forever.
-/// @returns what `body(rank)` returns, or 1 after a usage_error.
+/// @returns what `body(rank)` returns, or `usage_status` after a usage_error or an input_error.
 template <class Body>
 int mpi_main(std::string_view program, std::string_view usage, int& argc, char**& argv, Body&& body,
-             int abort_status = 2) {
+             int abort_status = 2, int usage_status = 1) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   const std::string name(program);
-  int status = 1;
+  int status = usage_status;
   try {
     status = body(rank);
   } catch (const usage_error& e) {

@@ -24,37 +24,19 @@
 //
 //   mpirun -n 64 health_check                          # the reference run
 //   mpirun -n 4 health_check --bytes 64M --rounds 20 --expect-ms 200 --fail-ms 1000
-#include <mpi.h>
-
-#include <weft/backend/mpi/backend.hpp>
-#include <weft/comm/communicator.hpp>
-#include <weft/config.hpp>
-
-#if WEFT_HAS_NCCL
-#include <cuda_runtime_api.h>
-
-#include <weft/backend/cuda/check.hpp>
-#include <weft/backend/nccl/backend.hpp>
-#include <weft/launch/nccl_bootstrap.hpp>
-#endif
-
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <fstream>
 #include <limits>
-#include <map>
 #include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
-#include <utility>
 #include <vector>
 
-#include <unistd.h>
-
+#include "all_reduce_timing.hpp"
 #include "command_line.hpp"
 #include "json_output.hpp"
 
@@ -64,6 +46,12 @@ using weft_programs::parse_bytes;
 using weft_programs::parse_integer;
 using weft_programs::parse_real;
 using weft_programs::usage_error;
+using weft_programs::all_reduce_platform;
+using weft_programs::bus_factor;
+using weft_programs::clock_type;
+using weft_programs::control_comm;
+using weft_programs::median;
+using weft_programs::seconds_since;
 
 struct options {
   std::size_t bytes = std::size_t{512} << 20;
@@ -138,116 +126,6 @@ options parse(int argc, char** argv) {
   return o;
 }
 
-using clock_type = std::chrono::steady_clock;
-
-double seconds_since(clock_type::time_point start) {
-  return std::chrono::duration<double>(clock_type::now() - start).count();
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-/// Rank r's input at index i is (r + i) mod 7: exact in float for any realistic rank count, and
-/// the sum at i depends only on i mod 7, so the expected result is a 7-entry table.
-void fill_input(std::span<float> data, int rank) {
-  for (std::size_t i = 0; i < data.size(); ++i)
-    data[i] = static_cast<float>((static_cast<std::size_t>(rank) + i) % 7);
-}
-
-std::size_t count_wrong(std::span<const float> result, int ranks) {
-  float expected[7];
-  for (std::size_t m = 0; m < 7; ++m) {
-    std::size_t sum = 0;
-    for (int r = 0; r < ranks; ++r) sum += (static_cast<std::size_t>(r) + m) % 7;
-    expected[m] = static_cast<float>(sum);
-  }
-  std::size_t wrong = 0;
-  for (std::size_t i = 0; i < result.size(); ++i) wrong += result[i] == expected[i % 7] ? 0 : 1;
-  return wrong;
-}
-
-/// The host-side exchanges (host names, the barrier before each round, the reports, the status)
-/// run over MPI_COMM_WORLD through this communicator, so they have the deadline too.
-using control_comm = weft::communicator<weft::mpi_backend>;
-
-/// Where the buffers live and how this rank's side is timed, per backend.
-template <class B>
-struct platform;
-
-/// Host buffers.
-template <>
-struct platform<weft::mpi_backend> {
-  static constexpr const char* name = "mpi";
-  using comm_type = weft::communicator<weft::mpi_backend>;
-  using buffer = std::vector<float>;
-  /// The host communicator itself.
-  static comm_type& world(control_comm& control, std::optional<comm_type>&) { return control; }
-  static buffer allocate(std::size_t n) { return buffer(n); }
-  static void fill(buffer& b, int rank) { fill_input(b, rank); }
-  static std::size_t wrong(const buffer& b, int ranks) { return count_wrong(b, ranks); }
-  /// Local memory bandwidth (read + write), GB/s: a node with slow memory or a busy CPU shows here.
-  static double copy_gbps(buffer& from, buffer& to) {
-    const auto start = clock_type::now();
-    std::memcpy(to.data(), from.data(), from.size() * sizeof(float));
-    return 2.0 * static_cast<double>(from.size() * sizeof(float)) / seconds_since(start) / 1e9;
-  }
-  static std::span<float> view(buffer& b) { return b; }
-};
-
-#if WEFT_HAS_NCCL
-/// Device memory of n floats, freed with the object.
-class device_floats {
- public:
-  explicit device_floats(std::size_t n) : n_(n) {
-    if (n > 0) WEFT_CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&data_), n * sizeof(float)));
-  }
-  device_floats(device_floats&& other) noexcept : data_(std::exchange(other.data_, nullptr)), n_(other.n_) {}
-  device_floats& operator=(device_floats&&) = delete;
-  ~device_floats() {
-    if (data_ != nullptr) cudaFree(data_);
-  }
-  float* data() const noexcept { return data_; }
-  std::size_t size() const noexcept { return n_; }
-
- private:
-  float* data_ = nullptr;
-  std::size_t n_ = 0;
-};
-
-/// GPU buffers, one GPU per rank.
-template <>
-struct platform<weft::nccl_backend> {
-  static constexpr const char* name = "nccl";
-  using comm_type = weft::communicator<weft::nccl_backend>;
-  using buffer = device_floats;
-  static comm_type& world(control_comm&, std::optional<comm_type>& made) { return made.emplace(weft::nccl_world()); }
-  static buffer allocate(std::size_t n) { return buffer(n); }
-  static void fill(buffer& b, int rank) {
-    std::vector<float> host(b.size());
-    fill_input(host, rank);
-    WEFT_CHECK_CUDA(cudaMemcpy(b.data(), host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
-  }
-  static std::size_t wrong(const buffer& b, int ranks) {
-    std::vector<float> host(b.size());
-    WEFT_CHECK_CUDA(cudaMemcpy(host.data(), b.data(), host.size() * sizeof(float), cudaMemcpyDeviceToHost));
-    return count_wrong(host, ranks);
-  }
-  /// GPU memory bandwidth (read + write), GB/s: a GPU with throttled clocks shows here.
-  static double copy_gbps(buffer& from, buffer& to) {
-    WEFT_CHECK_CUDA(cudaDeviceSynchronize());
-    const auto start = clock_type::now();
-    WEFT_CHECK_CUDA(cudaMemcpy(to.data(), from.data(), from.size() * sizeof(float), cudaMemcpyDeviceToDevice));
-    WEFT_CHECK_CUDA(cudaDeviceSynchronize());
-    return 2.0 * static_cast<double>(from.size() * sizeof(float)) / seconds_since(start) / 1e9;
-  }
-  static std::span<float> view(buffer& b) { return std::span<float>(b.data(), b.size()); }
-};
-#endif
-
 /// What one rank measured, gathered on rank 0.
 struct rank_report {
   double mean_ms = 0;
@@ -260,8 +138,6 @@ struct rank_report {
 };
 constexpr int report_fields = 7;
 
-double bus_factor(int ranks) { return ranks > 1 ? 2.0 * (ranks - 1) / ranks : 1.0; }
-
 std::string format(const char* pattern, double value) {
   char text[64];
   std::snprintf(text, sizeof(text), pattern, value);
@@ -270,7 +146,7 @@ std::string format(const char* pattern, double value) {
 
 template <class B>
 int run(const options& o, control_comm& control) {
-  using support = platform<B>;
+  using support = all_reduce_platform<B>;
   std::optional<typename support::comm_type> made;
   auto& world = support::world(control, made);
   if (o.comm_timeout) world.set_timeout(*o.comm_timeout);
@@ -278,20 +154,10 @@ int run(const options& o, control_comm& control) {
   const int ranks = world.size();
 
   // Hosts, numbered in order of first appearance.
-  constexpr std::size_t host_bytes = 256;
-  std::vector<std::uint8_t> host(host_bytes, 0);
-  gethostname(reinterpret_cast<char*>(host.data()), host_bytes - 1);
-  std::vector<std::uint8_t> all_hosts(host_bytes * static_cast<std::size_t>(ranks));
-  control.all_gather(host, all_hosts);
-  std::vector<std::string> host_of(static_cast<std::size_t>(ranks));
-  std::map<std::string, int> host_index;
-  std::vector<std::string> hosts;
-  for (int r = 0; r < ranks; ++r) {
-    host_of[static_cast<std::size_t>(r)] = reinterpret_cast<const char*>(&all_hosts[static_cast<std::size_t>(r) * host_bytes]);
-    if (host_index.emplace(host_of[static_cast<std::size_t>(r)], static_cast<int>(hosts.size())).second)
-      hosts.push_back(host_of[static_cast<std::size_t>(r)]);
-  }
-  const int my_host = host_index[host_of[static_cast<std::size_t>(rank)]];
+  const weft_programs::rank_hosts placement = weft_programs::gather_hosts(control, weft_programs::host_name());
+  const std::vector<std::string>& host_of = placement.host_of;
+  const std::vector<std::string>& hosts = placement.hosts;
+  const int my_host = placement.index_of[static_cast<std::size_t>(rank)];
 
   const std::size_t count = o.bytes / sizeof(float);
   const double bytes = static_cast<double>(count * sizeof(float));
@@ -299,21 +165,10 @@ int run(const options& o, control_comm& control) {
   auto recv_buffer = support::allocate(count);
   support::fill(send_buffer, rank);
   const double copy_gbps = support::copy_gbps(send_buffer, recv_buffer);
-  std::span<const float> send = support::view(send_buffer);
-  std::span<float> recv = support::view(recv_buffer);
-
-  std::size_t wrong = 0;
-  for (int i = 0; i < o.warmup; ++i) world.all_reduce(send, recv);
-  if (o.warmup > 0) wrong += support::wrong(recv_buffer, ranks);
-
-  std::vector<double> round_s(static_cast<std::size_t>(o.rounds));
-  for (int i = 0; i < o.rounds; ++i) {
-    control.barrier();
-    const auto start = clock_type::now();
-    world.all_reduce(send, recv);
-    round_s[static_cast<std::size_t>(i)] = seconds_since(start);
-  }
-  wrong += support::wrong(recv_buffer, ranks);
+  const weft_programs::all_reduce_rounds timed =
+      weft_programs::time_all_reduce<support>(world, control, send_buffer, recv_buffer, o.warmup, o.rounds);
+  const std::vector<double>& round_s = timed.round_s;
+  const std::size_t wrong = timed.wrong;
 
   // A round lasts as long as its slowest rank.
   std::vector<double> slowest(round_s);
@@ -324,14 +179,10 @@ int run(const options& o, control_comm& control) {
   if (hosts.size() > 1 && o.host_rounds > 0) {
     auto local = world.split(my_host, rank, "host");
     if (local->size() > 1) {
-      for (int i = 0; i < 2; ++i) local->all_reduce(send, recv);
+      const auto host_rounds = weft_programs::time_all_reduce<support>(*local, *local, send_buffer, recv_buffer, 2,
+                                                                        o.host_rounds);
       double total = 0;
-      for (int i = 0; i < o.host_rounds; ++i) {
-        local->barrier();
-        const auto start = clock_type::now();
-        local->all_reduce(send, recv);
-        total += seconds_since(start);
-      }
+      for (double s : host_rounds.round_s) total += s;
       // This rank's view; rank 0 takes the slowest rank of each host.
       host_busbw = bytes / (total / o.host_rounds) / 1e9 * bus_factor(local->size());
     }
@@ -556,15 +407,7 @@ int main(int argc, char** argv) {
         control_comm control(weft::mpi_backend::comm::world(o.comm_timeout), "world", weft::default_check_level(),
                              o.comm_timeout);
         std::string backend = o.backend;
-        if (backend == "auto") {
-          int gpu = 0;  // nccl only when every rank sees a GPU
-#if WEFT_HAS_NCCL
-          int devices = 0;
-          gpu = cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0 ? 1 : 0;
-#endif
-          control.all_reduce(std::span<int>(&gpu, 1), weft::reduce_op::min);
-          backend = gpu != 0 ? "nccl" : "mpi";
-        }
+        if (backend == "auto") backend = weft_programs::every_rank_has_gpu(control) ? "nccl" : "mpi";
 #if WEFT_HAS_NCCL
         if (backend == "nccl") return run<weft::nccl_backend>(o, control);
 #endif
