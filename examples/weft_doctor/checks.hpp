@@ -3,6 +3,8 @@
 // and from NVML when the node has it: pure functions of what they read, no MPI.
 
 #include <dlfcn.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -171,9 +173,40 @@ inline std::vector<check> check_rdma_ports(const std::vector<rdma_port>& ports, 
 
 // ---- network interfaces and NCCL's variables ----
 
+/// The real system's interfaces are asked of the kernel, not of /sys: sysfs shows the network
+/// namespace it was mounted in, which is not the process's when it entered another one with
+/// `nsenter --net` (a container runtime or a test's hosts on one machine); a tree given with
+/// --sysfs-root is read as it is.
+inline bool reads_live_system(const roots& r) { return r.sysfs == std::filesystem::path("/sys"); }
+
+/// The interfaces of this process's network namespace with their flags (getifaddrs).
+inline std::map<std::string, unsigned> live_interfaces() {
+  std::map<std::string, unsigned> found;
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return found;
+  for (const ifaddrs* a = list; a != nullptr; a = a->ifa_next)
+    if (a->ifa_name != nullptr) found[a->ifa_name] |= a->ifa_flags;
+  freeifaddrs(list);
+  return found;
+}
+
+/// The node's network interfaces, by name.
+inline std::vector<std::string> network_interfaces(const roots& r) {
+  if (!reads_live_system(r)) return entries(r.sysfs / "class/net");
+  std::vector<std::string> names;
+  for (const auto& [name, flags] : live_interfaces()) names.push_back(name);
+  return names;
+}
+
 /// A network interface is up when its operstate says so, or when it is "unknown" (loopback,
-/// some virtual devices) with IFF_UP set in its flags.
+/// some virtual devices) with IFF_UP set in its flags; on the live system, when the kernel says
+/// it is up and running.
 inline bool interface_up(const roots& r, const std::string& name) {
+  if (reads_live_system(r)) {
+    const auto live = live_interfaces();
+    const auto it = live.find(name);
+    return it != live.end() && (it->second & IFF_UP) != 0 && (it->second & IFF_RUNNING) != 0;
+  }
   const auto dir = r.sysfs / "class/net" / name;
   const std::string state = read_line(dir / "operstate").value_or("");
   if (state == "up") return true;
@@ -189,7 +222,7 @@ inline bool interface_up(const roots& r, const std::string& name) {
 /// that exists and is up (an exclusion list is checked to leave one).
 inline check check_socket_ifname(const roots& r, const char* variable) {
   check c{"nccl.socket_ifname", status::pass, "", "names interfaces of this node that are up", "", ""};
-  const std::vector<std::string> interfaces = entries(r.sysfs / "class/net");
+  const std::vector<std::string> interfaces = network_interfaces(r);
   if (variable == nullptr) {
     c.result = status::skip;
     c.value = "NCCL_SOCKET_IFNAME is not set: NCCL picks an interface itself (interfaces: " + joined(interfaces) + ")";

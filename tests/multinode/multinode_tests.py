@@ -11,6 +11,7 @@ only a multi-host run shows.
   multinode_tests.py stop    --program FAULT_PROGRAM [--trace-diff WEFT_TRACE_DIFF] [--deadline 2]
   multinode_tests.py link    --program FAULT_PROGRAM --trace-diff WEFT_TRACE_DIFF [--deadline 2]
   multinode_tests.py cleanup --program FAULT_PROGRAM
+  multinode_tests.py doctor  --doctor WEFT_DOCTOR --hosts 2|3
 
 Exit status: 0 passed; 1 failed, with the reason; 77 (CTest's skip) when the cluster cannot be
 made on this machine (not root, no `ip`, no Slurm), having said why in one line.
@@ -233,6 +234,56 @@ def test_health(args, cluster):
                  f"all-reduce bandwidth", output)
     print("health: the health check ran on 2 hosts; its table puts ranks 0, 1 on n1 and 2, 3 on n2, each with its "
           "host's own all-reduce bandwidth")
+
+
+def test_doctor(args, cluster):
+    """weft-doctor's cross-node checks (all-reduce over the nodes, p2p between every pair of nodes)
+    on the hosts of the cluster, 2 ranks each: measured, never skipped, every host named, and the
+    exit status agreeing with the statuses."""
+    hosts = [f"n{i + 1}" for i in range(args.hosts)]
+    with tempfile.TemporaryDirectory(prefix="weft-doctor-") as folder:
+        report = os.path.join(folder, "doctor.json")
+        # The veth links are not InfiniBand: expect a rate they reach, so that the statuses test the
+        # measurement rather than the hardware.
+        command = ["srun", "--mpi=pmix", "-N", str(args.hosts), "-n", str(2 * args.hosts), args.doctor, "--quick",
+                   "--bytes", "1M", "--rounds", "3", "--gemm-size", "64", "--expect-link-gbps", "0.001",
+                   "--json", report]
+        env = dict(cluster.env, OMPI_MCA_mpi_yield_when_idle="1")
+        try:
+            done = cluster.run(command, capture_output=True, text=True, timeout=120, env=env, cwd=folder)
+        except subprocess.TimeoutExpired:
+            fail("weft-doctor did not finish within 120 s")
+        output = done.stdout + done.stderr
+        if done.returncode not in (0, 1) or not os.path.exists(report):
+            fail(f"weft-doctor exited with {done.returncode} and wrote no report", output)
+        checks = json.load(open(report))["checks"]
+    by_name = {}
+    for c in checks:
+        by_name.setdefault(c["name"], []).append(c)
+    for name in ("collectives.all_reduce.nodes", "collectives.p2p"):
+        if name not in by_name:
+            fail(f"no {name} check in the report", output)
+        for c in by_name[name]:
+            if c["status"] == "SKIP" or not c["value"]:
+                fail(f"{name} was not measured across {args.hosts} hosts: {c}", output)
+    pairs = by_name["collectives.p2p"][0]["value"]
+    measured = {tuple(sorted(pair)) for pair in re.findall(r"(n\d+)-(n\d+) [\d.]+ GB/s", pairs)}
+    every_pair = {(a, b) for a in hosts for b in hosts if a < b}
+    if measured != every_pair:
+        fail(f"collectives.p2p measured the pairs {sorted(measured)}, not every pair of {hosts}: {pairs}", output)
+    named = {c["node"] for c in checks if c.get("node")}
+    if not set(hosts) <= named:
+        fail(f"the report names nodes {sorted(named)}, not every host of {hosts}", output)
+    node_checks = by_name.get("collectives.all_reduce.node", [])
+    if sorted(c["node"] for c in node_checks) != hosts:
+        fail(f"the all-reduce inside each node ran on {sorted(c['node'] for c in node_checks)}, not on {hosts}", output)
+    failed = any(c["status"] == "FAIL" for c in checks)
+    if done.returncode != (1 if failed else 0):
+        fail(f"exit status {done.returncode} disagrees with the report's statuses (a FAIL: {failed})", output)
+    print(f"doctor: on {args.hosts} hosts the all-reduce over the nodes and p2p between the "
+          f"{args.hosts * (args.hosts - 1) // 2} pairs were measured ({pairs}); every host is named; exit "
+          f"{done.returncode} agrees with the statuses (failed: "
+          f"{', '.join(sorted({c['name'] for c in checks if c['status'] == 'FAIL'})) or 'none'})")
 
 
 class srun_job:
@@ -478,7 +529,7 @@ def steps_running(folder, program):
 
 
 TESTS = {"launch": test_launch, "layout": test_layout, "hsdp": test_hsdp, "health": test_health,
-         "stop": test_stop, "link": test_link}
+         "stop": test_stop, "link": test_link, "doctor": test_doctor}
 
 
 def main():
@@ -491,12 +542,14 @@ def main():
     parser.add_argument("--program")
     parser.add_argument("--trace-diff")
     parser.add_argument("--deadline", type=float, default=2.0)
+    parser.add_argument("--doctor")
+    parser.add_argument("--hosts", type=int, default=len(HOSTS))
     args = parser.parse_args()
     if args.test == "cleanup":
         test_cleanup(args)
         return 0
     try:
-        with private_cluster.cluster(hosts=len(HOSTS), cpus=2) as cluster:
+        with private_cluster.cluster(hosts=args.hosts if args.test == "doctor" else len(HOSTS), cpus=2) as cluster:
             TESTS[args.test](args, cluster)
     except private_cluster.Unavailable as e:
         print(f"multinode_tests: SKIP: {e}")
