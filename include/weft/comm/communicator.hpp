@@ -59,19 +59,24 @@ struct comm_stats {
   std::uint64_t bytes = 0;  ///< payload bytes this rank contributed (send side)
 };
 
-/// The default check level: WEFT_CHECK_LEVEL (`local`, `agreement`, `communication`,
-/// `fingerprint`), else `agreement` for backends whose buffers are host memory (MPI: the check
-/// rides in the collective's own place) and `local` for device backends (NCCL), where any
-/// agreement would make the host wait for the GPU at every collective.
-inline check_level default_check_level(memory_space buffers = memory_space::host) {
+/// WEFT_CHECK_LEVEL's level (`local`, `agreement`, `communication`, `fingerprint`); nullopt when unset.
+inline std::optional<check_level> check_level_from_environment() {
   const char* value = std::getenv("WEFT_CHECK_LEVEL");
-  if (value == nullptr || *value == '\0') return buffers == memory_space::host ? check_level::agreement : check_level::local;
+  if (value == nullptr || *value == '\0') return std::nullopt;
   if (std::string_view(value) == "local") return check_level::local;
   if (std::string_view(value) == "agreement") return check_level::agreement;
   if (std::string_view(value) == "communication") return check_level::communication;
   if (std::string_view(value) == "fingerprint") return check_level::fingerprint;
   throw error(std::string("weft: WEFT_CHECK_LEVEL='") + value +
               "' is not a check level; use local, agreement, communication or fingerprint");
+}
+
+/// The default check level: WEFT_CHECK_LEVEL's, else `agreement` for backends whose buffers are
+/// host memory (MPI: the check rides in the collective's own place) and `local` for device
+/// backends (NCCL), where any agreement would make the host wait for the GPU at every collective.
+inline check_level default_check_level(memory_space buffers = memory_space::host) {
+  return check_level_from_environment().value_or(buffers == memory_space::host ? check_level::agreement
+                                                                                 : check_level::local);
 }
 
 /// A backend that can fold the agreement on each collective's call into the collective itself
