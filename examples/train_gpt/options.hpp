@@ -16,7 +16,7 @@
 namespace train_gpt {
 
 inline constexpr const char* usage_text = R"(usage: train_gpt [options]
-Trains GPT-2 on byte-level text on every rank of an MPI job (srun -n N ./train_gpt or
+Trains GPT-2 on byte-level text or token shards on every rank of an MPI job (srun -n N ./train_gpt or
 mpirun -n N ./train_gpt; launcher variables, torchrun's included, are checked against MPI's
 view), on any tp x pp x dp x cp layout.
 
