@@ -67,14 +67,16 @@ inline shard_header read_shard_header(std::span<const unsigned char> head, std::
     std::memcpy(&v, head.data() + i * sizeof(v), sizeof(v));
     return v;
   };
-  if (head.size() < 3 * sizeof(std::int32_t) || int_at(0) != shard_magic)
+  if (head.size() >= sizeof(std::int32_t) && int_at(0) != shard_magic)
     throw std::runtime_error(
-        "the data file '" + path + "' is not an llm.c token shard: its first int32 is " +
-        (head.size() < sizeof(std::int32_t) ? std::string("missing (the file has ") + std::to_string(file_bytes) + " bytes)"
-                                            : std::to_string(int_at(0))) +
+        "the data file '" + path + "' is not an llm.c token shard: its first int32 is " + std::to_string(int_at(0)) +
         ", not the magic " + std::to_string(shard_magic) +
         ": give --data-format u16 for nanoGPT's headerless uint16 .bin, --data-format text for text, or re-write "
         "the shard with scripts/prepare_tokens.py");
+  if (head.size() < 3 * sizeof(std::int32_t))
+    throw std::runtime_error("the data file '" + path + "' is truncated: it has " + std::to_string(file_bytes) +
+                             " bytes, fewer than llm.c's header of " + std::to_string(shard_header_bytes) +
+                             " bytes: write it again (scripts/prepare_tokens.py)");
   if (int_at(1) != shard_version)
     throw std::runtime_error("the data file '" + path + "' is an llm.c shard of version " + std::to_string(int_at(1)) +
                              "; train_gpt reads version " + std::to_string(shard_version) +

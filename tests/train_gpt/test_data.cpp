@@ -139,6 +139,12 @@ TEST_CASE("bad shards get one message naming the file and what is wrong") {
     bytes.resize(100);
     write_bytes(dir.file("header.bin"), bytes);
     CHECK_THAT(load_error(dir.file("header.bin"), 8, 256), Catch::Contains("is truncated"));
+    bytes.resize(8);  // the magic and the version, no count
+    write_bytes(dir.file("header.bin"), bytes);
+    CHECK_THAT(load_error(dir.file("header.bin"), 8, 256),
+               Catch::Contains("is truncated: it has 8 bytes, fewer than llm.c's header of 1024 bytes"));
+    write_bytes(dir.file("empty.bin"), {});
+    CHECK_THAT(load_error(dir.file("empty.bin"), 8, 256, data_format::llmc), Catch::Contains("is truncated: it has 0 bytes"));
   }
   SECTION("an odd number of bytes in a headerless file") {
     write_bytes(dir.file("odd.bin"), std::vector<unsigned char>(101, 1));
