@@ -9,6 +9,7 @@
 // ratio is median(weft) / median(raw) (the median of the per-repetition ratios is reported too).
 //
 //   mpirun -n 2 allreduce_overhead -b 4 -e 256M -f 4 --json overhead.json
+//   mpirun -n 2 allreduce_overhead --checks local ...   (weft without the default call agreement)
 //
 // Target: ratio <= 1.02 from 64 KiB up, <= 1.10 below (--enforce makes a miss exit non-zero).
 #include <mpi.h>
@@ -22,6 +23,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -46,6 +48,8 @@ struct options {
   int warmup = 3;
   bool in_place = false;
   bool enforce = false;
+  std::optional<weft::check_level> checks;  // nullopt: the communicator's default
+  std::string checks_name = "default";
   std::string json_path;
   bool help = false;
 };
@@ -61,6 +65,8 @@ constexpr const char* usage_text =
     "  --warmup N       untimed calls of each kind per size [3]\n"
     "  --in-place       in-place all-reduce (MPI_IN_PLACE) instead of out-of-place\n"
     "  --enforce        exit 1 when a size misses the target\n"
+    "  --checks LEVEL   weft's check level: local, agreement, communication or fingerprint\n"
+    "                   [the default: WEFT_CHECK_LEVEL, else agreement]\n"
     "  --json FILE      write [{\"ranks\", \"bytes\", \"weft_s\", \"raw_s\", \"ratio\", ...}]\n";
 
 options parse(int argc, char** argv) {
@@ -80,6 +86,14 @@ options parse(int argc, char** argv) {
     else if (arg == "--warmup") o.warmup = parse_integer(arg, value(), 0, 1 << 20);
     else if (arg == "--in-place") o.in_place = true;
     else if (arg == "--enforce") o.enforce = true;
+    else if (arg == "--checks") {
+      o.checks_name = value();
+      if (o.checks_name == "local") o.checks = weft::check_level::local;
+      else if (o.checks_name == "agreement") o.checks = weft::check_level::agreement;
+      else if (o.checks_name == "communication") o.checks = weft::check_level::communication;
+      else if (o.checks_name == "fingerprint") o.checks = weft::check_level::fingerprint;
+      else throw usage_error("--checks '" + o.checks_name + "' is not a check level: use local, agreement, communication or fingerprint");
+    }
     else if (arg == "--json") o.json_path = value();
     else if (arg == "-h" || arg == "--help") o.help = true;
     else throw usage_error("unknown option '" + arg + "'");
@@ -197,12 +211,14 @@ row measure(weft::communicator<weft::mpi_backend>& comm, const options& o, std::
 
 int run(const options& o) {
   auto comm = weft::communicator<weft::mpi_backend>(weft::mpi_backend::comm::world(), "world");
+  if (o.checks) comm.set_checks(*o.checks);
   const bool root = comm.rank() == 0;
   std::vector<float> send(o.max_bytes / sizeof(float), 1.0f);
   std::vector<float> recv(send.size(), 0.0f);
   if (root) {
-    std::printf("# weft all_reduce vs raw MPI_Allreduce, float sum, %s, %d ranks, interleaved call by call\n",
-                o.in_place ? "in place" : "out of place", comm.size());
+    std::printf("# weft all_reduce vs raw MPI_Allreduce, float sum, %s, %d ranks, weft's checks: %s, interleaved call "
+                "by call\n",
+                o.in_place ? "in place" : "out of place", comm.size(), o.checks_name.c_str());
     std::printf("# times: median over repetitions of the slowest rank's time per call; ratio: median(weft) / "
                 "median(raw);\n# per-repetition ratios weft/raw: median and quartiles q1..q3 (the noise)\n");
     std::printf("# %10s %6s %12s %12s %8s %9s %17s %8s %7s\n", "bytes", "reps", "weft (us)", "raw (us)", "ratio",
@@ -239,9 +255,9 @@ int run(const options& o) {
         std::snprintf(line, sizeof(line),
                       "%s\n  {\"ranks\": %d, \"bytes\": %zu, \"weft_s\": %.9g, \"raw_s\": %.9g, \"ratio\": %.6f, "
                       "\"median_of_ratios\": %.6f, \"ratio_q1\": %.6f, \"ratio_q3\": %.6f, \"reps\": %d, "
-                      "\"in_place\": %s, \"target\": %.2f, \"correct\": %s}",
+                      "\"in_place\": %s, \"checks\": \"%s\", \"target\": %.2f, \"correct\": %s}",
                       i == 0 ? "" : ",", comm.size(), r.bytes, r.weft_s, r.raw_s, r.ratio, r.median_of_ratios,
-                      r.ratio_q1, r.ratio_q3, r.reps, o.in_place ? "true" : "false", target_for(r.bytes),
+                      r.ratio_q1, r.ratio_q3, r.reps, o.in_place ? "true" : "false", o.checks_name.c_str(), target_for(r.bytes),
                       r.correct ? "true" : "false");
         out << line;
       }

@@ -404,8 +404,10 @@ int main(int argc, char** argv) {
           if (rank == 0) std::printf("%s", usage_text);
           return 0;
         }
-        control_comm control(weft::mpi_backend::comm::world(o.comm_timeout), "world", weft::default_check_level(),
-                             o.comm_timeout);
+        // The timed collectives measure the fabric, so they carry no call agreement unless
+        // WEFT_CHECK_LEVEL asks for one (every rank passes the sizes this program computes alike).
+        control_comm control(weft::mpi_backend::comm::world(o.comm_timeout), "world",
+                             weft::check_level_from_environment().value_or(weft::check_level::local), o.comm_timeout);
         std::string backend = o.backend;
         if (backend == "auto") backend = weft_programs::every_rank_has_gpu(control) ? "nccl" : "mpi";
 #if WEFT_HAS_NCCL

@@ -178,6 +178,12 @@ class gpt_model {
     return K::cross_entropy(a.dlogits.data(), batch.labels, v, loss_scale);
   }
 
+  /// Drops (mb, chunk)'s activations after a forward pass that has no backward (validation).
+  void discard(int mb, int chunk) {
+    held_set(mb, chunk);
+    release(mb, chunk);
+  }
+
   /// The input part of backward for (mb, chunk): writes the gradient of the chunk's input into
   /// `input_grad` (empty on the first virtual stage) and keeps what `weight` needs.
   void backward(int mb, int chunk, std::span<const float> output_grad, std::span<float> input_grad) {

@@ -10,12 +10,13 @@
 #include "command_line.hpp"
 #include <weft/tune/layout.hpp>
 
+#include "data.hpp"
 #include "gpt_config.hpp"
 
 namespace train_gpt {
 
 inline constexpr const char* usage_text = R"(usage: train_gpt [options]
-Trains GPT-2 on byte-level text on every rank of an MPI job (srun -n N ./train_gpt or
+Trains GPT-2 on byte-level text or token shards on every rank of an MPI job (srun -n N ./train_gpt or
 mpirun -n N ./train_gpt; launcher variables, torchrun's included, are checked against MPI's
 view), on any tp x pp x dp x cp layout.
 
@@ -31,7 +32,12 @@ run
   --lr X                 AdamW learning rate (default 1e-3), --warmup N steps of linear warm-up (0)
   --beta1 X --beta2 X --eps X --weight-decay X   AdamW (0.9, 0.95, 1e-8, 0.1)
   --seed N               initialisation and data order (default 1234)
-  --data FILE            training text, one byte a token (default: the corpus built from weft's docs and headers)
+  --data FILE|GLOB       training data: llm.c token shards (found by their header) or byte-level text, several
+                         files (a quoted glob) one after another (default: the text of weft's docs and headers)
+  --data-format FORMAT   text (a byte a token), llmc (llm.c shards) or u16 (nanoGPT's headerless uint16 .bin);
+                         default: llm.c shards by their header, other files text
+  --val-data FILE|GLOB   validation data (the same format): with --val-every N, the loss of its first
+                         --val-steps global batches (default 4) every N steps and after the last
 layout (degrees multiply to the ranks; dp defaults to ranks / (tp pp cp))
   --tp N --pp N --dp N --cp N --vp N   tensor, pipeline, data, context parallel degrees; virtual stages per rank
   --schedule KIND        gpipe, 1f1b (default), interleaved (needs --vp > 1) or zb-h1 (weight gradients
@@ -75,7 +81,9 @@ struct options {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
   int warmup = 0;
   std::uint64_t seed = 1234;
-  std::optional<std::string> data;
+  std::optional<std::string> data, val_data;
+  data_format format = data_format::detect;
+  int val_every = 0, val_steps = 4;
   int tp = 1, pp = 1, dp = 0, cp = 1, vp = 1;
   std::string schedule = "1f1b";
   bool sequence_parallel = false;
@@ -143,6 +151,17 @@ inline options parse_options(int argc, char** argv) {
     else if (flag == "--weight-decay") o.weight_decay = real(0, 10);
     else if (flag == "--seed") o.seed = parse_integer<std::uint64_t>(flag, value(), 0, ~std::uint64_t{0});
     else if (flag == "--data") o.data = value();
+    else if (flag == "--data-format") {
+      const std::string f = value();
+      if (f == "text") o.format = data_format::text;
+      else if (f == "llmc") o.format = data_format::llmc;
+      else if (f == "u16") o.format = data_format::u16;
+      else throw usage_error("--data-format '" + f + "' is not a format train_gpt reads: use text, llmc or u16" +
+                             weft_programs::did_you_mean(f, weft_programs::listed_words("text, llmc, u16")));
+    }
+    else if (flag == "--val-data") o.val_data = value();
+    else if (flag == "--val-every") o.val_every = integer(1, 100'000'000);
+    else if (flag == "--val-steps") o.val_steps = integer(1, 1'000'000);
     else if (flag == "--tp") o.tp = integer(1, 1 << 20);
     else if (flag == "--pp") o.pp = integer(1, 1 << 20);
     else if (flag == "--dp") o.dp = integer(1, 1 << 20);
@@ -234,6 +253,12 @@ inline options parse_options(int argc, char** argv) {
     throw usage_error("--vp " + std::to_string(o.vp) + " needs --schedule interleaved");
   if (o.ranks_per_node > 0 && !o.hybrid)
     throw usage_error("--ranks-per-node is for --sharding hsdp (where nodes bound the shard groups)");
+  if ((o.val_every > 0) != o.val_data.has_value())
+    throw usage_error(o.val_data ? "--val-data needs --val-every N (the steps between validation losses)"
+                                 : "--val-every needs --val-data FILE|GLOB, the validation data");
+  if (o.val_data && (o.sharding == weft::tune::sharding::gradients || o.sharding == weft::tune::sharding::full))
+    throw usage_error("--val-data runs forward passes alone, which --sharding zero2, zero3 and hsdp do not run yet: "
+                      "use --sharding none or zero1 with --val-data");
   if (o.dump_grads && o.steps != 1) throw usage_error("--dump-grads writes the first step's gradients: give --steps 1");
   return o;
 }

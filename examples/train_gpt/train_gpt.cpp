@@ -75,7 +75,7 @@ int run(const train_gpt::options& o) {
   // (from rank 0) before any collective call.
   train_gpt::gpt_config m;
   train_gpt::run_layout layout;
-  std::optional<train_gpt::corpus> data;
+  std::optional<train_gpt::corpus> data, val_data;
   std::optional<weft::tune::measured_hardware> hardware;
   train_gpt::options run_options = o;
   try {
@@ -104,7 +104,8 @@ int run(const train_gpt::options& o) {
     }
     layout = train_gpt::resolve_layout(train_gpt::layout_from_flags(run_options), run_options.global_batch,
                                        run_options.schedule, m, world.size());
-    data = train_gpt::corpus::load(o.data.value_or(WEFT_TRAIN_GPT_DEFAULT_DATA), m.seq, m.vocab);
+    data = train_gpt::corpus::load(o.data.value_or(WEFT_TRAIN_GPT_DEFAULT_DATA), m.seq, m.vocab, o.format);
+    if (o.val_data) val_data = train_gpt::corpus::load(*o.val_data, m.seq, m.vocab, o.format);
   } catch (const std::runtime_error& e) {
     throw input_error(e.what());
   }
@@ -115,6 +116,7 @@ int run(const train_gpt::options& o) {
     predicted = train_gpt::predicted_step_seconds(m, *hardware, choice, layout.global_batch);
   }
   train_gpt::trainer<B> trainer(world, run_options, m, layout, *data, predicted);
+  if (val_data) trainer.set_validation(*val_data);
   if (world.rank() == 0)
     std::printf("train_gpt: %d layers, hidden %d, %d heads, vocab %d, seq %d (%.2f M parameters) on %d ranks: tp %d "
                 "pp %d dp %d cp %d%s%s%s, %s schedule, global batch %d = %d micro-batch(es) of %d per dp rank\n",

@@ -272,6 +272,8 @@ class trainer {
       }
     };
     step_ = number("step");
+    // Checkpoints from before the position was recorded: the sequences of `step` global batches.
+    data_sequence_ = s.metadata.count("data_sequence") != 0 ? number("data_sequence") : step_ * r_.global_batch;
     if (static_cast<std::uint64_t>(number("seed")) != o_.seed)
       throw input_error("the checkpoint was trained with --seed " + s.metadata.at("seed") + " (its data order), not " +
                         std::to_string(o_.seed) + ": resume with --seed " + s.metadata.at("seed"));
@@ -317,10 +319,8 @@ class trainer {
     const int rank = world_.rank();
     const int per_dp = r_.global_batch / r_.degrees().dp;
     batch_loader loader(
-        [&](std::int64_t step) { return data_.sequences(o_.seed, step, coords_.dp * per_dp, per_dp, m_.seq); }, step_,
+        [&](std::int64_t step) { return data_.sequences(position(step), coords_.dp * per_dp, per_dp, m_.seq); }, step_,
         o_.steps);
-    const std::vector<std::int64_t> positions = model_.sequence_positions();
-    const auto [row_first, row_count] = model_.row_range();
     const float loss_scale = 1.0f / static_cast<float>(static_cast<double>(r_.global_batch) * m_.seq);
     const double tokens_per_step = static_cast<double>(r_.global_batch) * m_.seq;
 
@@ -403,22 +403,7 @@ class trainer {
     for (std::int64_t step = step_; step < o_.steps; ++step) {
       const auto t0 = clock::now();
       // This rank's part of each micro-batch: its dp slice, cp chunks, and sequence-parallel rows.
-      const std::vector<std::int32_t> slice = loader.take(step);
-      const std::size_t seq1 = static_cast<std::size_t>(m_.seq) + 1;
-      for (int mb = 0; mb < r_.micro_batches; ++mb) {
-        micro_batch_tokens& b = batches[static_cast<std::size_t>(mb)];
-        b.tokens.clear(), b.labels.clear(), b.positions.clear();
-        // Row i of the micro-batch is token positions[i % local] of its sequence i / local.
-        const std::size_t local = positions.size();
-        for (std::size_t i = row_first; i < row_first + row_count; ++i) {
-          const std::int32_t* seq =
-              slice.data() + (static_cast<std::size_t>(mb * r_.choice.micro_batch) + i / local) * seq1;
-          const std::int64_t p = positions[i % local];
-          b.tokens.push_back(seq[p]);
-          b.labels.push_back(seq[p + 1]);
-          b.positions.push_back(p);
-        }
-      }
+      fill_batches(loader.take(step), batches);
       loss_sum = 0;
       std::fill(backward_count.begin(), backward_count.end(), 0);
       mark_seconds = 0;
@@ -467,6 +452,8 @@ class trainer {
       world_.all_reduce(std::span<std::int64_t>(memory), weft::reduce_op::max);
       const std::int64_t peak_memory = memory[0];
       if (rank == 0 && o_.dump_grads) finish_dump(loss);
+      std::optional<double> val_loss;
+      if (val_ != nullptr && (step + 1 == o_.steps || (step + 1) % o_.val_every == 0)) val_loss = validation_loss();
       if (step == step_) first_loss = loss;
       last_loss = loss;
       step_times.push_back(times[2]);
@@ -482,12 +469,17 @@ class trainer {
                       times[1] * 1e3, eta);
           std::fflush(stdout);
         }
+        if (val_loss) {  // printed with --quiet too: validation is asked for on its own
+          std::printf("step %lld/%d | val loss %.6f\n", static_cast<long long>(step + 1), o_.steps, *val_loss);
+          std::fflush(stdout);
+        }
         if (log_json.is_open()) {
           log_json << "{\"step\": " << step + 1 << ", \"loss\": " << loss << ", \"tokens_per_s\": " << tps
                    << ", \"step_time_s\": " << times[2] << ", \"exposed_comm_s\": " << times[0]
                    << ", \"bubble_s\": " << times[1] << ", \"max_rss_bytes\": " << peak_memory
                    << ", \"training_state_bytes\": " << memory[1];
           if (predicted_) log_json << ", \"predicted_step_time_s\": " << *predicted_;
+          if (val_loss) log_json << ", \"val_loss\": " << *val_loss;
           log_json << "}\n";
           log_json.flush();
         }
@@ -547,6 +539,71 @@ class trainer {
                     return std::span<const float>(v);
                   });
     if (fsdp_) fsdp_->load_packed(fully_sharded<B>::state::params, packed);
+  }
+
+  /// Where step `step`'s sequences come from: sampled text by (seed, step); token files by the
+  /// sequences taken before it (those before the resumed step, then a global batch a step).
+  data_position position(std::int64_t step) const {
+    return {o_.seed, step, data_sequence_ + (step - step_) * r_.global_batch};
+  }
+
+  /// This rank's rows of each micro-batch from its slice of the step's sequences.
+  void fill_batches(const std::vector<std::int32_t>& slice, std::vector<micro_batch_tokens>& batches) const {
+    const std::vector<std::int64_t> positions = model_.sequence_positions();
+    const auto [row_first, row_count] = model_.row_range();
+    const std::size_t seq1 = static_cast<std::size_t>(m_.seq) + 1;
+    for (int mb = 0; mb < r_.micro_batches; ++mb) {
+      micro_batch_tokens& b = batches[static_cast<std::size_t>(mb)];
+      b.tokens.clear(), b.labels.clear(), b.positions.clear();
+      // Row i of the micro-batch is token positions[i % local] of its sequence i / local.
+      const std::size_t local = positions.size();
+      for (std::size_t i = row_first; i < row_first + row_count; ++i) {
+        const std::int32_t* seq = slice.data() + (static_cast<std::size_t>(mb * r_.choice.micro_batch) + i / local) * seq1;
+        const std::int64_t p = positions[i % local];
+        b.tokens.push_back(seq[p]);
+        b.labels.push_back(seq[p + 1]);
+        b.positions.push_back(p);
+      }
+    }
+  }
+
+ public:
+  /// Validation data: its loss is computed every --val-every steps and after the last.
+  void set_validation(const corpus& val) {
+    if (fsdp_)
+      throw input_error("--val-data runs forward passes alone, which --sharding zero2, zero3 and hsdp do not run yet "
+                        "(--plan chose one here): give the layout yourself with --sharding none or zero1");
+    val_ = &val;
+  }
+
+ private:
+  /// The mean loss over the first --val-steps global batches of the validation data (in order),
+  /// with forward passes alone: each micro-batch's chunks run stage after stage, each stage
+  /// receiving its input from the one before, so no schedule and no gradient is involved.
+  double validation_loss() {
+    const int per_dp = r_.global_batch / r_.degrees().dp;
+    std::vector<micro_batch_tokens> batches(static_cast<std::size_t>(r_.micro_batches));
+    std::vector<float> input(model_.boundary_elements()), output(model_.boundary_elements());
+    auto& pp = groups_.pp();
+    const int next = (place_.pp_rank + 1) % place_.pp, previous = (place_.pp_rank + place_.pp - 1) % place_.pp;
+    double sum = 0;
+    for (int v = 0; v < o_.val_steps; ++v) {
+      const data_position at{o_.seed, v, static_cast<std::int64_t>(v) * r_.global_batch};
+      fill_batches(val_->sequences(at, coords_.dp * per_dp, per_dp, m_.seq), batches);
+      for (int mb = 0; mb < r_.micro_batches; ++mb)
+        for (int chunk = 0; chunk < place_.vp; ++chunk) {
+          const bool first = place_.first_stage(chunk), last = place_.last_stage(chunk);
+          if (!first) pp.recv(std::span<float>(input), previous);
+          const double rows = model_.forward(mb, chunk, batches[static_cast<std::size_t>(mb)],
+                                             first ? std::span<const float>() : std::span<const float>(input),
+                                             last ? std::span<float>() : std::span<float>(output), 1.0f);
+          model_.discard(mb, chunk);
+          if (!last) pp.send(std::span<const float>(output), next);
+          if (r_.sequence_parallel() || coords_.tp == 0) sum += rows;
+        }
+    }
+    world_.all_reduce(std::span<double>(&sum, 1));
+    return sum / (static_cast<double>(o_.val_steps) * r_.global_batch * m_.seq);
   }
 
   /// A group's gradients are complete (its chunk's last micro-batch): sum what tp or the
@@ -653,7 +710,10 @@ class trainer {
       state.metadata = {{"step", std::to_string(step)},
                         {"seed", std::to_string(o_.seed)},
                         {"global_batch", std::to_string(r_.global_batch)},
-                        {"data_position", "step " + std::to_string(step) + " of the (seed, step) sampler"},
+                        {"data_position", data_.sampled() ? "step " + std::to_string(step) + " of the (seed, step) sampler"
+                                                          : "sequence " + std::to_string(position(step).sequence) +
+                                                                " of the token stream"},
+                        {"data_sequence", std::to_string(position(step).sequence)},
                         {"layout", "tp " + std::to_string(place_.tp) + " pp " + std::to_string(place_.pp) + " dp " +
                                        std::to_string(r_.degrees().dp) + " cp " + std::to_string(r_.degrees().cp)}};
       for (auto& r : whole_records(index_, m1, "exp_avg.")) state.tensors.push_back(std::move(r));
@@ -687,7 +747,7 @@ class trainer {
     }
     if (world_.rank() != 0) return;
     // The whole global batch, as every rank's sampler gives it.
-    const std::vector<std::int32_t> all = data_.sequences(o_.seed, step, 0, r_.global_batch, m_.seq);
+    const std::vector<std::int32_t> all = data_.sequences(position(step), 0, r_.global_batch, m_.seq);
     std::vector<std::int64_t> ids, labels;
     for (int s = 0; s < r_.global_batch; ++s)
       for (int t = 0; t < m_.seq; ++t) {
@@ -736,6 +796,8 @@ class trainer {
   ownership own_;
   std::vector<std::vector<std::size_t>> chunk_params_;
   std::int64_t step_ = 0;
+  std::int64_t data_sequence_ = 0;  // sequences of the token stream taken before step_
+  const corpus* val_ = nullptr;
   std::optional<weft::checkpoint::checkpoint_file> dump_pending_;
   std::string dump_path_;
 };

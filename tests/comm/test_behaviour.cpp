@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <numeric>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -49,6 +50,46 @@ TEST_CASE("with communication checks, ranks calling different shapes all get an 
   std::vector<double> same(4, 2.0);
   comm.all_reduce(same);
   CHECK(same[0] == 2.0 * comm.size());
+}
+
+TEST_CASE("at the default check level, sizes that differ across ranks are one error on every rank") {
+  // No check level is set: what a program gets without WEFT_CHECK_LEVEL. The last rank passes 5
+  // elements (or blocks of 5) where the others pass 4. Without the agreement, MPI returned wrong
+  // data on some ranks, MPI_ERR_TRUNCATE on others, or hung.
+  auto comm = world();
+  REQUIRE(comm.checks() == weft::check_level::agreement);
+  comm.set_timeout(std::chrono::seconds(30));  // a hang fails with the watchdog's message
+  const std::size_t ranks = static_cast<std::size_t>(comm.size());
+  const std::size_t n = comm.rank() == comm.size() - 1 ? 5 : 4;
+  const std::string last = std::to_string(comm.size() - 1);
+  auto expect_error = [&](const std::string& operation, auto&& call) {
+    INFO(operation << " on rank " << comm.rank());
+    std::string message;
+    try {
+      call();
+    } catch (const weft::error& e) {
+      message = e.what();
+    }
+    // This rank's call, the group, and every rank's size.
+    CHECK_THAT(message, Contains(operation + " on group 'world' (rank " + std::to_string(comm.rank()) + " of " +
+                                 std::to_string(comm.size()) + ", " + std::to_string(n) + " x"));
+    CHECK_THAT(message, Contains("the ranks of the group passed different sizes"));
+    CHECK_THAT(message, Contains("rank 0: " + operation + " of 4 x") &&
+                            Contains("rank " + last + ": " + operation + " of 5 x"));
+  };
+  std::vector<float> data(n, 1.0f), out(n * ranks, 0.0f), blocks(n * ranks, 1.0f);
+  expect_error("all_reduce", [&] { comm.all_reduce(data); });
+  expect_error("all_reduce", [&] { comm.all_reduce_async(data).wait(); });
+  expect_error("reduce", [&] { comm.reduce(data, 0); });
+  expect_error("broadcast", [&] { comm.broadcast(data, 0); });
+  expect_error("all_gather", [&] { comm.all_gather(data, out); });
+  expect_error("reduce_scatter", [&] { comm.reduce_scatter(blocks, data); });
+  expect_error("all_to_all", [&] { comm.all_to_all(blocks); });
+  expect_error("all_gather", [&] { comm.all_gather_async(data, out).wait(); });
+  // Agreeing calls pass and compute the right answer: the communicator still works.
+  std::vector<double> same(4, 2.0);
+  comm.all_reduce(same);
+  CHECK(same[3] == 2.0 * comm.size());
 }
 
 TEST_CASE("expect_same_on_all_ranks names the ranks that disagree") {

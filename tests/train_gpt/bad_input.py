@@ -9,6 +9,7 @@ and no traceback of an abort. The checkpoint cases first save a good checkpoint,
 """
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -36,7 +37,25 @@ def main():
         shutil.copy(good + ".optimizer", truncated + ".optimizer")
         stateless = os.path.join(tmp, "stateless.safetensors")  # a model file without its optimizer state
         shutil.copy(good, stateless)
+        # Token shards with one fault each (llm.c's header: magic, version, count; then uint16 tokens).
+        def shard(name, tokens, magic=20240520, count=None, cut=0):
+            path = os.path.join(tmp, name)
+            data = struct.pack("<256i", magic, 1, len(tokens) if count is None else count, *([0] * 253))
+            data += struct.pack(f"<{len(tokens)}H", *tokens)
+            with open(path, "wb") as f:
+                f.write(data[:len(data) - cut])
+            return path
+        tokens = [i % 200 for i in range(300)]
+        wrong_magic = shard("magic.bin", tokens, magic=1234)
+        truncated_shard = shard("short.bin", tokens, cut=7)
+        big_token = shard("big.bin", tokens[:100] + [300] + tokens[101:])
         cases = [
+            ("a token shard with the wrong magic", 2, ["--data", wrong_magic],
+             f"'{wrong_magic}' is not an llm.c token shard: its first int32 is 1234, not the magic 20240520"),
+            ("a truncated token shard", 2, ["--data", truncated_shard],
+             f"'{truncated_shard}' is truncated: its header says 300 tokens"),
+            ("a token shard with a token beyond the vocabulary", 2, ["--data", big_token],
+             f"'{big_token}' holds token 300 (token 100, byte offset 1224), not below the vocabulary of 256"),
             ("degrees that do not multiply to the ranks", 4, ["--tp", "2", "--pp", "2", "--dp", "2"],
              "ranks, but 4 were launched"),
             ("degrees that do not divide the ranks", 4, ["--tp", "3"], "does not divide the 4 ranks"),

@@ -118,12 +118,28 @@ def main():
         weights = gpt2_weights(L, C, V, P, gen)
         write_safetensors(weights_path, weights, {"format": "pt", "n_layer": str(L), "n_head": str(H),
                                                   "n_embd": str(C), "n_positions": str(P), "vocab_size": str(V)})
+        shard = None
+        if "--token-shard" in flags:  # the tokens from an llm.c shard of random tokens, written here
+            flags.remove("--token-shard")
+            shard = [int(t) for t in torch.randint(0, V, (1000,), generator=gen)]
+            shard_path = os.path.join(tmp, "tokens_000000.bin")
+            with open(shard_path, "wb") as f:
+                f.write(struct.pack("<256i", 20240520, 1, len(shard), *([0] * 253)))
+                f.write(struct.pack(f"<{len(shard)}H", *shard))
+            flags += ["--data", shard_path]
         cmd = launch + ["--init-from", weights_path, "--steps", "1", "--dump-grads", dump_path, "--quiet"] + flags
         print("running:", " ".join(cmd), flush=True)
         subprocess.run(cmd, check=True, timeout=240)
         meta, dump = read_safetensors(dump_path)
 
     ids, labels = dump["input_ids"], dump["labels"]
+    if shard is not None:  # sequence k of the first step: the shard's tokens [k T, k T + T], in order
+        B, T = ids.shape
+        want = torch.tensor([shard[k * T:k * T + T + 1] for k in range(B)])
+        if not torch.equal(ids, want[:, :T]) or not torch.equal(labels, want[:, 1:]):
+            print("MISMATCH: the dumped input_ids and labels are not the shard's first windows in order")
+            return 1
+        print(f"input_ids and labels: the shard's first {B} windows of {T} tokens and their next tokens")
     w = {k: v.to(torch.float64).requires_grad_(True) for k, v in weights.items()}
     loss = gpt2_loss(w, ids, labels, L, H)
     loss.backward()

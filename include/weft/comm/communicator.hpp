@@ -2,10 +2,13 @@
 /// \file
 /// `weft::communicator<Backend>`: typed collectives and point-to-point on contiguous ranges, the
 /// same for every backend. It checks what one rank can check (sizes, roots, peers) and says what
-/// is wrong in terms of the group, the rank and the sizes; with `check_level::communication` it
-/// also checks, before each collective, that every rank of the group called the same operation
-/// with the same shape (one small extra all-gather), turning a hang or silent corruption into an
-/// error on every rank. Then it dispatches to the backend, which does the work.
+/// is wrong in terms of the group, the rank and the sizes. By default on MPI
+/// (`check_level::agreement`) every collective first agrees across the group's ranks on its call
+/// (operation, count, dtype, reduction, root) in one small all-reduce run with the collective, so
+/// sizes that differ across ranks are an error on every rank, never a hang or silently wrong
+/// data; with `check_level::communication` the same comparison runs before each collective on the
+/// calling thread (one small extra all-gather). Then it dispatches to the backend, which does the
+/// work.
 ///
 /// Every operation passes one choke point (`dispatch`), which records it in the communicator's
 /// flight recorder (weft/trace/flight_recorder.hpp) under a per-communicator sequence number and
@@ -43,6 +46,8 @@ namespace weft {
 /// How much a communicator checks before each operation.
 enum class check_level {
   local,          ///< sizes, roots and peers on this rank (always on; costs nothing measurable)
+  agreement,      ///< also that all ranks agree on the call, inside the collective (backends that can fold
+                  ///< it in: MPI, one small all-reduce in the collective's place; elsewhere as `communication`)
   communication,  ///< also that all ranks agree on the call (one extra small all-gather per collective)
   fingerprint,    ///< every N-th collective (WEFT_CHECK_INTERVAL, default 1), that all ranks' rolling
                   ///< fingerprints of their collectives agree; a mismatch names the first divergent call
@@ -54,14 +59,30 @@ struct comm_stats {
   std::uint64_t bytes = 0;  ///< payload bytes this rank contributed (send side)
 };
 
-/// The default check level: `local`, or WEFT_CHECK_LEVEL (`local`, `communication`, `fingerprint`).
-inline check_level default_check_level() {
+/// WEFT_CHECK_LEVEL's level (`local`, `agreement`, `communication`, `fingerprint`); nullopt when unset.
+inline std::optional<check_level> check_level_from_environment() {
   const char* value = std::getenv("WEFT_CHECK_LEVEL");
-  if (value == nullptr || *value == '\0' || std::string_view(value) == "local") return check_level::local;
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  if (std::string_view(value) == "local") return check_level::local;
+  if (std::string_view(value) == "agreement") return check_level::agreement;
   if (std::string_view(value) == "communication") return check_level::communication;
   if (std::string_view(value) == "fingerprint") return check_level::fingerprint;
-  throw error(std::string("weft: WEFT_CHECK_LEVEL='") + value + "' is not a check level; use local, communication or fingerprint");
+  throw error(std::string("weft: WEFT_CHECK_LEVEL='") + value +
+              "' is not a check level; use local, agreement, communication or fingerprint");
 }
+
+/// The default check level: WEFT_CHECK_LEVEL's, else `agreement` for backends whose buffers are
+/// host memory (MPI: the check rides in the collective's own place) and `local` for device
+/// backends (NCCL), where any agreement would make the host wait for the GPU at every collective.
+inline check_level default_check_level(memory_space buffers = memory_space::host) {
+  return check_level_from_environment().value_or(buffers == memory_space::host ? check_level::agreement
+                                                                                 : check_level::local);
+}
+
+/// A backend that can fold the agreement on each collective's call into the collective itself
+/// (check_level::agreement without a separate exchange on the calling thread).
+template <class B>
+concept folds_call_agreement = requires(typename B::comm& c) { c.agree_on_calls(true); };
 
 /// How many collectives apart check_level::fingerprint compares: WEFT_CHECK_INTERVAL, default 1
 /// (before every collective, so a mismatched call fails before it can hang or corrupt).
@@ -85,11 +106,12 @@ class communicator {
 
   /// `timeout`: the deadline of each operation; by default WEFT_COMM_TIMEOUT's (10 minutes when
   /// unset; 0: none).
-  communicator(native_type native, std::string name, check_level checks = default_check_level(),
+  communicator(native_type native, std::string name, check_level checks = default_check_level(buffer_memory_v<B>),
                std::optional<std::chrono::milliseconds> timeout = std::nullopt)
       : native_(std::move(native)), name_(std::move(name)), checks_(checks) {
     if (!native_.valid()) fail("communicator '" + name_ + "' was given an invalid native communicator");
     if (checks_ == check_level::fingerprint) check_interval_ = check_interval_from_environment();
+    fold_agreement();
     recorder_ = std::make_shared<trace::flight_recorder>(name_, rank(), size(),
                                                          trace::flight_recorder_capacity_from_environment(),
                                                          timeout ? *timeout : comm_timeout_from_environment());
@@ -156,7 +178,10 @@ class communicator {
   native_type& native() noexcept { return native_; }
   const comm_stats& stats() const noexcept { return stats_; }
   check_level checks() const noexcept { return checks_; }
-  void set_checks(check_level level) noexcept { checks_ = level; }
+  void set_checks(check_level level) noexcept {
+    checks_ = level;
+    fold_agreement();
+  }
 
   // ---- all_reduce ------------------------------------------------------------------------
   template <buffer S, mutable_buffer R>
@@ -562,8 +587,16 @@ class communicator {
   /// check_level::fingerprint: every N-th collective, all ranks compare the rolling fingerprint of
   /// their collectives, this one included.
   void agree_on_call(trace::operation kind, std::size_t count, dtype type, reduce_op op, int root) {
-    if (checks_ != check_level::local) [[unlikely]]
+    if (checks_ != check_level::local && !(folds_call_agreement<B> && checks_ == check_level::agreement)) [[unlikely]]
       check_call(kind, count, type, op, root);
+  }
+
+  /// check_level::agreement on a backend that folds it into each collective: switch it on there
+  /// (also under fingerprint, which compares only every N-th collective); off at the levels
+  /// that check nothing across ranks or check before each collective already.
+  void fold_agreement() noexcept {
+    if constexpr (folds_call_agreement<B>)
+      native_.agree_on_calls(checks_ == check_level::agreement || checks_ == check_level::fingerprint);
   }
 
   /// The collective is recorded first and its check's exchange runs inside that record, so the
@@ -573,7 +606,7 @@ class communicator {
     const int reduction = reduces(kind) ? static_cast<int>(op) : -1;
     const std::uint64_t sequence = recorder_->issue(kind, type, count, root, reduction);
     try {
-      if (checks_ == check_level::communication) agree_on_call_across_ranks(kind, count, type, op, root);
+      if (checks_ != check_level::fingerprint) agree_on_call_across_ranks(kind, count, type, op, root);
       else compare_fingerprints(kind, count, type, reduction, root, sequence);
     } catch (...) {
       recorder_->finish(sequence, false);

@@ -104,7 +104,7 @@ struct nccl_world_options {
   MPI_Comm bootstrap = MPI_COMM_WORLD;        ///< the ranks, and the channel for the unique id
   bool select_device = true;                  ///< cudaSetDevice by local rank (else: current device)
   std::optional<cudaStream_t> stream;         ///< nullopt: the communicator's own stream
-  check_level checks = default_check_level();
+  check_level checks = default_check_level(memory_space::device);
 };
 
 /// The world communicator over NCCL: resolves the layout from the launcher, checks it against

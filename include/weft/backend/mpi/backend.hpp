@@ -251,6 +251,7 @@ struct mpi_backend {
         rank_ = other.rank_;
         size_ = other.size_;
         threads_ok_ = other.threads_ok_;
+        agree_ = other.agree_;
         progress_ = std::move(other.progress_);
         recorder_ = std::move(other.recorder_);
       }
@@ -264,6 +265,15 @@ struct mpi_backend {
     int rank() const noexcept { return rank_; }
     int size() const noexcept { return size_; }
     MPI_Comm native() const noexcept { return handle_; }
+
+    /// With `on`, every collective first agrees with the group's ranks on its call (operation,
+    /// count, dtype, reduction, root) in one small MPI_Allreduce, run in the same place as the
+    /// collective (inline, or on the progress thread for async calls), so the caller never waits
+    /// for it. Ranks that disagree all fail with the same message listing each rank's call,
+    /// instead of MPI returning wrong data on some ranks, truncating on others or hanging.
+    /// (weft::check_level::agreement, the default; see weft/comm/communicator.hpp.)
+    void agree_on_calls(bool on) noexcept { agree_ = on; }
+    bool agrees_on_calls() const noexcept { return agree_; }
 
     /// Async operations claim the sequence number the communicator offers and report to
     /// `recorder` when they start and finish (see weft/trace/flight_recorder.hpp).
@@ -294,12 +304,17 @@ struct mpi_backend {
       int ranks = size_;
       int count = checked_count(n);
       detail::mpi::expect_mpi_alive("all_reduce");
+      const call_shape shape = shape_of(trace::operation::all_reduce, n, t, op, -1);
       // The hot path of every trainer: a blocking call with nothing pending is the raw call.
       if (how == completion::blocking && (!progress_ || progress_->idle())) [[likely]] {
+        agree(shape, c);
         do_all_reduce(send, recv, count, t, op, c, ranks);
         return {};
       }
-      return run(how, [=] { do_all_reduce(send, recv, count, t, op, c, ranks); });
+      return run(how, [=] {
+        agree(shape, c);
+        do_all_reduce(send, recv, count, t, op, c, ranks);
+      });
     }
 
     request reduce(const void* send, void* recv, std::size_t n, dtype t, reduce_op op, int root, completion how) {
@@ -307,7 +322,9 @@ struct mpi_backend {
       int ranks = size_;
       bool is_root = rank_ == root;
       int count = checked_count(n);
+      const call_shape shape = shape_of(trace::operation::reduce, n, t, op, root);
       return run(how, [=] {
+        agree(shape, c);
         const void* source = (send == recv && is_root) ? MPI_IN_PLACE : send;
         WEFT_CHECK_MPI(
             MPI_Reduce(source, recv, count, detail::mpi::datatype_of(t), detail::mpi::op_of(t, op), root, c));
@@ -319,7 +336,9 @@ struct mpi_backend {
       MPI_Comm c = handle_;
       bool is_root = rank_ == root;
       int count = checked_count(n);
+      const call_shape shape = shape_of(trace::operation::broadcast, n, t, reduce_op::sum, root);
       return run(how, [=] {
+        agree(shape, c);
         if (is_root && send != recv) std::memcpy(recv, send, n * size_of(t));
         WEFT_CHECK_MPI(MPI_Bcast(recv, count, detail::mpi::datatype_of(t), root, c));
       });
@@ -331,7 +350,9 @@ struct mpi_backend {
       int count = checked_count(n);
       checked_count(n * static_cast<std::size_t>(size_));
       bool in_place = send == static_cast<const char*>(recv) + static_cast<std::size_t>(rank_) * n * size_of(t);
+      const call_shape shape = shape_of(trace::operation::all_gather, n, t, reduce_op::sum, -1);
       return run(how, [=] {
+        agree(shape, c);
         MPI_Datatype type = detail::mpi::datatype_of(t);
         WEFT_CHECK_MPI(MPI_Allgather(in_place ? MPI_IN_PLACE : send, count, type, recv, count, type, c));
       });
@@ -345,7 +366,9 @@ struct mpi_backend {
       checked_count(n * static_cast<std::size_t>(size_));
       std::size_t block_bytes = n * size_of(t);
       bool in_place = recv == static_cast<const char*>(send) + static_cast<std::size_t>(rank_) * block_bytes;
+      const call_shape shape = shape_of(trace::operation::reduce_scatter, n, t, op, -1);
       return run(how, [=] {
+        agree(shape, c);
         MPI_Datatype type = detail::mpi::datatype_of(t);
         MPI_Op mpi_op = detail::mpi::op_of(t, op);
         if (in_place) {
@@ -365,7 +388,9 @@ struct mpi_backend {
       MPI_Comm c = handle_;
       int count = checked_count(n);
       checked_count(n * static_cast<std::size_t>(size_));
+      const call_shape shape = shape_of(trace::operation::all_to_all, n, t, reduce_op::sum, -1);
       return run(how, [=] {
+        agree(shape, c);
         MPI_Datatype type = detail::mpi::datatype_of(t);
         WEFT_CHECK_MPI(MPI_Alltoall(send == recv ? MPI_IN_PLACE : send, count, type, recv, count, type, c));
       });
@@ -465,6 +490,56 @@ struct mpi_backend {
       return posted;
     }
 
+    /// A collective's call as the agreement compares it; `on` false: no agreement (one branch).
+    struct call_shape {
+      bool on = false;
+      std::int64_t fields[5] = {};  // operation, count, dtype, reduction, root
+    };
+    call_shape shape_of(trace::operation kind, std::size_t n, dtype t, reduce_op op, int root) const noexcept {
+      if (!agree_ || size_ < 2) [[likely]] return {};
+      const bool reduces = kind == trace::operation::all_reduce || kind == trace::operation::reduce ||
+                           kind == trace::operation::reduce_scatter;
+      return {true, {static_cast<std::int64_t>(kind), static_cast<std::int64_t>(n), static_cast<std::int64_t>(t),
+                     reduces ? static_cast<std::int64_t>(op) : -1, root}};
+    }
+
+    /// One MPI_Allreduce (MAX) of each field and its negation: every rank learns the largest and
+    /// the smallest value of each field, so all ranks see a disagreement alike, with no buffer
+    /// that grows with the group. Only then is each rank's call gathered, for the message.
+    static void agree(const call_shape& shape, MPI_Comm c) {
+      if (!shape.on) [[likely]] return;
+      constexpr int n = 5;
+      std::int64_t bounds[2 * n];
+      for (int i = 0; i < n; ++i) bounds[i] = shape.fields[i], bounds[n + i] = -shape.fields[i];
+      WEFT_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, bounds, 2 * n, MPI_INT64_T, MPI_MAX, c));
+      for (int i = 0; i < n; ++i)
+        if (bounds[i] != -bounds[n + i]) [[unlikely]]
+          calls_differ(shape, c);
+    }
+
+    [[noreturn, gnu::cold, gnu::noinline]] static void calls_differ(const call_shape& shape, MPI_Comm c) {
+      int ranks = 0;
+      WEFT_CHECK_MPI(MPI_Comm_size(c, &ranks));
+      std::vector<std::int64_t> all(5 * static_cast<std::size_t>(ranks));
+      WEFT_CHECK_MPI(MPI_Allgather(shape.fields, 5, MPI_INT64_T, all.data(), 5, MPI_INT64_T, c));
+      bool only_counts = true;
+      for (int r = 1; r < ranks; ++r)
+        for (int f : {0, 2, 3, 4}) only_counts = only_counts && all[static_cast<std::size_t>(5 * r + f)] == all[static_cast<std::size_t>(f)];
+      std::string text = only_counts ? "the ranks of the group passed different sizes:"
+                                     : "the ranks of the group called different operations or shapes:";
+      for (int r = 0; r < ranks; ++r) {
+        const std::int64_t* f = &all[5 * static_cast<std::size_t>(r)];
+        text += (r == 0 ? " rank " : "; rank ") + std::to_string(r) + ": " +
+                std::string(trace::to_string(static_cast<trace::operation>(f[0]))) + " of " + std::to_string(f[1]) +
+                " x " + std::string(to_string(static_cast<dtype>(f[2])));
+        if (f[3] >= 0) text += ", op " + std::string(to_string(static_cast<reduce_op>(f[3])));
+        if (f[4] >= 0) text += ", root " + std::to_string(f[4]);
+      }
+      text += only_counts ? "; every rank must pass the same count" : "; every rank must issue the same call";
+      throw backend_error(backend_library::mpi, MPI_ERR_COUNT, std::move(text), "the call agreement before the collective",
+                          std::source_location::current());
+    }
+
     static void do_all_reduce(const void* send, void* recv, int count, dtype t, reduce_op op, MPI_Comm c, int ranks) {
       const void* source = send == recv ? MPI_IN_PLACE : send;
       WEFT_CHECK_MPI(MPI_Allreduce(source, recv, count, detail::mpi::datatype_of(t), detail::mpi::op_of(t, op), c));
@@ -551,6 +626,7 @@ struct mpi_backend {
     int rank_ = 0;
     int size_ = 0;
     bool threads_ok_ = false;
+    bool agree_ = false;
     std::unique_ptr<detail::mpi::progress_thread> progress_;
     std::shared_ptr<trace::flight_recorder> recorder_;
   };

@@ -1,0 +1,45 @@
+// libFuzzer harness: train_gpt's token-shard reader (llm.c's header, then uint16 tokens) on
+// arbitrary file contents. The reader maps a path, so each input is written to one in-memory file
+// (memfd) read through /proc/self/fd.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+#include "train_gpt/data.hpp"
+
+namespace {
+
+const std::string& input_path() {
+  static const std::string path = [] {
+    const int fd = ::memfd_create("weft-fuzz-token-shard", MFD_CLOEXEC);
+    if (fd < 0) std::abort();
+    return "/proc/self/fd/" + std::to_string(fd);
+  }();
+  return path;
+}
+
+int input_fd() {
+  static const int fd = std::stoi(input_path().substr(input_path().rfind('/') + 1));
+  return fd;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  const int fd = input_fd();
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, data, size, 0) != static_cast<ssize_t>(size)) std::abort();
+  try {
+    const train_gpt::corpus c = train_gpt::corpus::load(input_path(), 4, 50257, train_gpt::data_format::llmc);
+    // What was accepted is consistent: the header's count fills the file exactly, and every window
+    // of the stream reads tokens below the vocabulary.
+    if (1024 + 2 * static_cast<std::size_t>(c.size()) != size) std::abort();
+    for (std::int64_t k = 0; k < 4; ++k)
+      for (std::int32_t t : c.sequences({.sequence = k}, 0, 1, 4))
+        if (t < 0 || t >= 50257) std::abort();
+  } catch (const std::runtime_error&) {
+  }
+  return 0;
+}
