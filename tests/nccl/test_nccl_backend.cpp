@@ -365,6 +365,25 @@ TEST_CASE("NCCL barrier, blocking and async", "[nccl][gpu]") {
   CHECK(sum == comm.size());
 }
 
+// NCCL polls its waits against a deadline of its own; the communicator's is the watchdog's. They
+// are one value: from the constructor, set_timeout (3600 s is honoured, 0 turns both off) and split.
+TEST_CASE("NCCL deadline: the backend's is the communicator's, through set_timeout and split", "[nccl][gpu]") {
+  using std::chrono::milliseconds;
+  auto& comm = world();
+  const milliseconds before = comm.timeout();
+  CHECK(comm.native().timeout() == before);  // the constructor's (WEFT_COMM_TIMEOUT here)
+  comm.set_timeout(std::chrono::hours(1));
+  CHECK(comm.native().timeout() == milliseconds(3600000));
+  auto child = comm.split(0, comm.rank(), "deadline");
+  REQUIRE(child);
+  CHECK(child->timeout() == milliseconds(3600000));
+  CHECK(child->native().timeout() == milliseconds(3600000));
+  comm.set_timeout(milliseconds(0));
+  CHECK(comm.native().timeout() == milliseconds(0));
+  CHECK(child->native().timeout() == milliseconds(3600000));  // its own from now on
+  comm.set_timeout(before);
+}
+
 TEST_CASE("NCCL split: groups by color ordered by key; left-out ranks get nothing", "[nccl][gpu]") {
   auto& comm = world();
   const int p = comm.size();

@@ -1,14 +1,22 @@
 // The NCCL backend's decisions that need no GPU (and no NCCL): the deadline from the environment,
 // which scaling factors may be folded into a reduction of which element type, and the messages
 // for a timed-out operation and for two ranks on one GPU; the elements an older NCCL leaves
-// unwritten in a one-rank scaled reduction.
+// unwritten in a one-rank scaled reduction; and, with a stand-in backend that keeps its own
+// deadline as NCCL does, that weft::communicator keeps that deadline equal to its own.
 #include <catch2/catch.hpp>
 
+#include <weft/backend/backend.hpp>
 #include <weft/backend/nccl/detail/policy.hpp>
+#include <weft/comm/communicator.hpp>
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 
 using Catch::Contains;
 using weft::dtype;
@@ -127,4 +135,67 @@ TEST_CASE("one-rank scaled reductions: the elements NCCL before 2.29.7 leaves un
       REQUIRE(first > 0);
       REQUIRE(one_rank_scaled_written(n - first, size, 22809) == n - first);
     }
+}
+
+namespace {
+
+// A one-rank backend whose communicator records the deadline it is given, as NCCL's keeps one.
+struct own_deadline_backend {
+  static constexpr std::string_view name = "own-deadline";
+  struct request {
+    request() = default;
+    request(request&&) = default;
+    request& operator=(request&&) = default;
+    void wait() {}
+    bool test() { return true; }
+  };
+  struct comm {
+    milliseconds deadline{-1};  // -1: never set
+    void set_timeout(milliseconds timeout) { deadline = timeout; }
+    int rank() const { return 0; }
+    int size() const { return 1; }
+    bool valid() const { return true; }
+    request all_reduce(const void*, void*, std::size_t, dtype, weft::reduce_op, weft::completion) { return {}; }
+    request reduce(const void*, void*, std::size_t, dtype, weft::reduce_op, int, weft::completion) { return {}; }
+    request broadcast(const void*, void*, std::size_t, dtype, int, weft::completion) { return {}; }
+    request all_gather(const void*, void*, std::size_t, dtype, weft::completion) { return {}; }
+    request reduce_scatter(const void*, void*, std::size_t, dtype, weft::reduce_op, weft::completion) { return {}; }
+    request all_to_all(const void*, void*, std::size_t, dtype, weft::completion) { return {}; }
+    request send(const void*, std::size_t, dtype, int, weft::completion) { return {}; }
+    request recv(void*, std::size_t, dtype, int, weft::completion) { return {}; }
+    request group_p2p(std::span<const weft::p2p_op>, weft::completion) { return {}; }
+    request barrier(weft::completion) { return {}; }
+    comm split(int, int) { return {}; }
+    void host_all_gather(std::span<const std::int64_t> local, std::span<std::int64_t> gathered) {
+      std::copy(local.begin(), local.end(), gathered.begin());
+    }
+  };
+};
+static_assert(weft::backend<own_deadline_backend> && weft::keeps_own_deadline<own_deadline_backend>);
+
+}  // namespace
+
+TEST_CASE("a backend's own deadline is the communicator's: constructor, environment, set_timeout, split",
+          "[nccl][policy][deadline]") {
+  using fake = weft::communicator<own_deadline_backend>;
+  fake given(own_deadline_backend::comm{}, "given", weft::check_level::local, std::chrono::hours(1));
+  CHECK(given.native().deadline == milliseconds(3600000));
+  given.set_timeout(milliseconds(0));  // no deadline: none for the backend either
+  CHECK(given.timeout() == milliseconds(0));
+  CHECK(given.native().deadline == milliseconds(0));
+  given.set_timeout(milliseconds(2500));
+  CHECK(given.native().deadline == milliseconds(2500));
+  std::optional<fake> child = given.split(0, 0, "child");
+  REQUIRE(child);
+  CHECK(child->timeout() == milliseconds(2500));
+  CHECK(child->native().deadline == milliseconds(2500));
+
+  const char* saved = std::getenv("WEFT_COMM_TIMEOUT");
+  const std::string restore = saved ? saved : "";
+  ::setenv("WEFT_COMM_TIMEOUT", "7", 1);
+  fake from_environment(own_deadline_backend::comm{}, "environment", weft::check_level::local);
+  if (saved) ::setenv("WEFT_COMM_TIMEOUT", restore.c_str(), 1);
+  else ::unsetenv("WEFT_COMM_TIMEOUT");
+  CHECK(from_environment.timeout() == milliseconds(7000));
+  CHECK(from_environment.native().deadline == milliseconds(7000));
 }

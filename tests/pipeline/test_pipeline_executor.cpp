@@ -350,3 +350,50 @@ TEST_CASE("configurations that would hang are refused on every rank before anyth
     pp.barrier();
   }
 }
+
+// Boundaries of 1 MiB, far past MPI's eager limit (Open MPI's shared-memory transport sends 4 KiB
+// eagerly), so a send completes only once its receiver has posted the receive, as on NCCL; with
+// in_stream_order each batch is waited for before the next is posted, as NCCL's stream runs them.
+// The transfer order before batching (each send and receive alone) hangs here in 1F1B, ZB-H1 and
+// interleaved until the deadline ends the job; the executor's batches complete every schedule.
+// Values: forward, virtual stage k sends x + k + 1; backward, it sends (the gradient it got) + 1.
+TEST_CASE("in NCCL's order, with sends that wait for their receivers, every schedule completes",
+          "[pipeline][executor][rendezvous]") {
+  comm_t pp = pp_group();
+  pp.set_timeout(std::chrono::seconds(20));
+  const int p = pp.size(), rank = pp.rank();
+  constexpr std::size_t big = std::size_t{1} << 17;  // doubles per micro-batch: 1 MiB
+  auto x = [](int mb, std::size_t i) { return static_cast<double>(mb * 3 + static_cast<int>(i % 13)); };
+  auto g = [](int mb, std::size_t i) { return static_cast<double>(mb * 5 + static_cast<int>(i % 7)); };
+  for (wp::schedule_kind kind : wp::all_schedule_kinds) {
+    if (kind == wp::schedule_kind::interleaved && p < 2) continue;
+    for (int m : {p, 2 * p}) {
+      const wp::schedule s = make(kind, p, m);
+      INFO("schedule " << wp::to_string(kind) << ", stages " << p << ", micro-batches " << m);
+      const int last = s.chunks_total() - 1;
+      int forwards = 0, backwards = 0, weights = 0, wrong = 0;
+      wp::stage_callbacks<double> cb;
+      cb.forward = [&](int mb, int chunk, std::span<const double> in, std::span<double> out) {
+        const int k = s.virtual_stage(rank, chunk);
+        for (std::size_t i = 0; i < in.size(); ++i) wrong += in[i] != x(mb, i) + k ? 1 : 0;
+        for (std::size_t i = 0; i < out.size(); ++i) out[i] = x(mb, i) + k + 1;
+        wrong += (in.empty() != (k == 0)) + (out.empty() != (k == last));
+        ++forwards;
+      };
+      cb.backward = [&](int mb, int chunk, std::span<const double> out_grad, std::span<double> in_grad) {
+        const int k = s.virtual_stage(rank, chunk);
+        for (std::size_t i = 0; i < out_grad.size(); ++i) wrong += out_grad[i] != g(mb, i) + (last - k) ? 1 : 0;
+        for (std::size_t i = 0; i < in_grad.size(); ++i) in_grad[i] = g(mb, i) + (last - k) + 1;
+        wrong += (out_grad.empty() != (k == last)) + (in_grad.empty() != (k == 0));
+        ++backwards;
+      };
+      cb.weight = [&](int, int) { ++weights; };
+      executor_t exec(pp, s, cb, {.elements = big, .in_stream_order = true});
+      exec.run();
+      CHECK(wrong == 0);
+      CHECK(forwards == m * s.virtual_stages);
+      CHECK(backwards == m * s.virtual_stages);
+      CHECK(weights == (s.split_backward ? m * s.virtual_stages : 0));
+    }
+  }
+}

@@ -280,3 +280,63 @@ TEST_CASE("every generated schedule passes the verifier for small sizes", "[pipe
     }
   }
 }
+
+// Sends that wait for their receivers (NCCL once a tensor outgrows its buffers; MPI past its eager
+// limit), each rank's transfers in posting order on one stream. The executor's order before
+// batching (each send and receive alone) deadlocks 1F1B, ZB-H1 and interleaved whenever m >= 2:
+// stage p-2 sends a1 (after F1, its one warm-up forward beyond F0) before it receives g0, while
+// stage p-1 sends g0 (after B0) before it receives a1. gpipe never sends a gradient before every
+// activation is through, so it never deadlocks. The expected sets come from that argument, not
+// from the simulation. Megatron-LM's same-peer pairing is enough for 1F1B and ZB-H1 but not for
+// interleaved on 2 stages; the executor's timeline batches deadlock nothing.
+TEST_CASE("rendezvous sends: the unbatched order deadlocks 1F1B, ZB-H1 and interleaved; the executor's nothing",
+          "[pipeline]") {
+  using grouping = wp::detail::transfer_grouping;
+  int separate_deadlocks = 0, checked = 0;
+  for (schedule_kind kind : wp::all_schedule_kinds) {
+    for (int p = 2; p <= 6; ++p) {
+      for (int m = 1; m <= 13; ++m) {
+        for (int v = 1; v <= 3; ++v) {
+          const wp::schedule_spec spec{.kind = kind, .stages = p, .micro_batches = m, .virtual_stages = v};
+          if (!wp::validate(spec).empty()) continue;
+          INFO(wp::to_string(kind) << " p=" << p << " m=" << m << " v=" << v);
+          const wp::schedule s = wp::make_schedule(spec);
+          const wp::transfer_report executor_order = wp::verify_transfers(s);  // grouping::timeline
+          CHECK(executor_order.problems.empty());
+          CHECK(executor_order.deadlock_free);
+          CHECK(executor_order.waits.empty());
+          CHECK(wp::verify(s).ok());  // what the executor checks before it sends anything
+          const wp::transfer_report separate = wp::verify_transfers(s, grouping::separate);
+          CHECK(separate.problems.empty());
+          const bool sends_face_each_other = kind != schedule_kind::gpipe && m >= 2;
+          CHECK(separate.deadlock_free == !sends_face_each_other);
+          if (!separate.deadlock_free) {
+            ++separate_deadlocks;
+            CHECK_FALSE(separate.waits.empty());
+          }
+          if (kind != schedule_kind::interleaved) CHECK(wp::verify_transfers(s, grouping::per_peer).deadlock_free);
+          ++checked;
+        }
+      }
+    }
+  }
+  CHECK(separate_deadlocks > 100);
+  CHECK(checked > separate_deadlocks);
+  const wp::schedule interleaved = wp::make_schedule({.kind = schedule_kind::interleaved, .stages = 2, .micro_batches = 4, .virtual_stages = 2});
+  CHECK_FALSE(wp::verify_transfers(interleaved, grouping::per_peer).deadlock_free);
+}
+
+TEST_CASE("rendezvous sends: the deadlock of the unbatched 1F1B order names who waits for whom", "[pipeline]") {
+  const wp::schedule s = wp::make_schedule(wp::one_f_one_b{}, 2, 2);
+  const wp::transfer_report r = wp::verify_transfers(s, wp::detail::transfer_grouping::separate);
+  REQUIRE_FALSE(r.deadlock_free);
+  // Rank 0 sends a1 (the input of F1 on rank 1) before it receives g0; rank 1 sends g0 first.
+  CHECK(contains(r.waits, "rank 0 is stuck in its transfers before its action 2 (B0): its send of the input of F1 on rank 1 "
+                          "waits for rank 1's receive, posted before its action 2 (F1), while rank 1 is stuck in its "
+                          "transfers before its action 2 (F1)"));
+  CHECK(contains(r.waits, "rank 1 is stuck in its transfers before its action 2 (F1): its send of the input of B0 on rank 0"));
+  // Receives posted ahead sit before this stage's later sends on a stream: gpipe on 2 stages.
+  const wp::transfer_report ahead =
+      wp::verify_transfers(wp::make_schedule(wp::gpipe{}, 2, 2), wp::detail::transfer_grouping::timeline, 1);
+  CHECK_FALSE(ahead.deadlock_free);
+}

@@ -8,6 +8,7 @@
 /// A backend that lacks an operation fails `weft::backend` at compile time, and the error names
 /// the requirement that is not met.
 
+#include <chrono>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -111,6 +112,14 @@ concept reports_async_completion = requires(typename B::comm& c, std::shared_ptr
 template <class B>
 concept aborts_from_any_thread = requires(const typename B::comm& c) {
   { c.abort_action() } -> std::same_as<trace::abort_action>;
+};
+
+/// A backend whose communicator enforces a deadline of its own (NCCL polls its waits against it
+/// and aborts): `weft::communicator` sets it whenever it sets the recorder's, from the constructor,
+/// `set_timeout` and `split`, so the watchdog and the backend hold one deadline.
+template <class B>
+concept keeps_own_deadline = requires(typename B::comm& c, std::chrono::milliseconds timeout) {
+  c.set_timeout(timeout);
 };
 
 /// A backend whose communicator knows its members' world ranks (for dumps that line up groups).

@@ -115,6 +115,7 @@ class communicator {
     recorder_ = std::make_shared<trace::flight_recorder>(name_, rank(), size(),
                                                          trace::flight_recorder_capacity_from_environment(),
                                                          timeout ? *timeout : comm_timeout_from_environment());
+    if constexpr (keeps_own_deadline<B>) native_.set_timeout(recorder_->timeout());
     if constexpr (knows_world_ranks<B>) recorder_->set_members(native_.world_ranks());
     if constexpr (reports_async_completion<B>) native_.attach_recorder(recorder_);
     trace::abort_action abort;
@@ -164,9 +165,15 @@ class communicator {
     return communicator_ref<B>(anchor_);
   }
 
-  /// The deadline of each operation (0: none), enforced by the process's watchdog.
+  /// The deadline of each operation (0: none), enforced by the process's watchdog and, on a
+  /// backend with a deadline of its own (NCCL), by the backend too: one value for both, which a
+  /// split passes on to its groups.
   std::chrono::milliseconds timeout() const noexcept { return recorder_->timeout(); }
-  void set_timeout(std::chrono::milliseconds timeout) noexcept { recorder_->set_timeout(timeout); }
+  void set_timeout(std::chrono::milliseconds timeout) noexcept {
+    recorder_->set_timeout(timeout);
+    if constexpr (keeps_own_deadline<B>)
+      if (native_.valid()) native_.set_timeout(timeout);  // an aborted communicator keeps no deadline
+  }
   /// The recent operations of this communicator (weft::trace::dump_flight_recorders() writes them
   /// with every other communicator's to weft-flight-<rank>.json).
   const trace::flight_recorder& recorder() const noexcept { return *recorder_; }

@@ -12,20 +12,24 @@
 /// shapes or element types that differ between stages, and a split-backward schedule without a
 /// weight-gradient callback. Each problem names the rule, the stages involved and what to do.
 ///
-/// Communication. Every message is its own batch of one (`communicator::batch()`), so that waiting
-/// for an input never waits for another transfer: one request over a send and a receive would
-/// make the receive wait until the peer posts its receive for the send, a dependency the schedule
-/// does not have (Megatron-LM pairs them safely only because its 1F1B steps are symmetric; ZB-H1's
-/// are not). Receives are posted in the order the sending rank sends (derived from its list in the
-/// table), never in this rank's consumption order, because point-to-point matching between two
-/// ranks is by order; the receives an action and the next `prefetch` actions need are posted
-/// before the action computes, so their transfers overlap it. Sends are posted as soon as the
-/// output exists and completed in the background; the step ends when all have. With this, an
-/// action waits for exactly what the verifier's simulation makes it wait for (its inputs), so a
-/// table `verify` accepts cannot deadlock here. On NCCL every point-to-point call runs in call
-/// order on the communicator's stream, so only the current action's receives are posted there
-/// (prefetch 0): a receive posted ahead would hold back this stage's later sends.
-///
+/// Communication. The executor posts the transfer plan of detail/transfer_plan.hpp: each transfer
+/// at the time the verifier's simulation of the table gives it, the transfers of one time on this
+/// rank in one batch (`communicator::batch()`, one NCCL group), before the first action that
+/// starts at or after that time. A send posted on its own waits for its receiver (NCCL holds the
+/// stream; MPI past its eager limit), so two stages that each send before they receive would wait
+/// for each other (1F1B: stage p-2 sends a1 before it receives g0, stage p-1 sends g0 before it
+/// receives a1); in the plan every rank follows the simulation's one time order (stage p-1
+/// receives a1, sent earlier, before it sends g0), and transfers of the same time share a batch as
+/// in Megatron-LM's `send_forward_recv_backward`. `verify` simulates these batches with sends
+/// that wait for their receivers and each rank's batches in posting order (one stream), and the
+/// constructor refuses a table it does not accept, so an accepted table cannot deadlock on NCCL
+/// or MPI. Receives keep the sender's order on each channel (point-to-point matching between two
+/// ranks is by order, MPI without tags and NCCL alike). An action waits for the batch holding its
+/// input; sends complete in the background and the step ends when all have. On MPI the receives
+/// of the next `prefetch` actions are posted ahead, in batches of their own, so their transfers
+/// overlap the current action; on NCCL every batch runs in posting order on the communicator's
+/// stream, where a receive posted ahead would hold back this stage's later sends (prefetch 0).
+
 /// Buffers: host memory owned by the executor, or memory from `executor_options::allocate` (device
 /// memory for NCCL: the caller's), pooled and reused across actions and steps.
 
@@ -35,6 +39,7 @@
 #include <weft/core/dtype.hpp>
 #include <weft/core/error.hpp>
 #include <weft/pipeline/detail/exchange_plan.hpp>
+#include <weft/pipeline/detail/transfer_plan.hpp>
 #include <weft/pipeline/rules.hpp>
 #include <weft/pipeline/schedule.hpp>
 #include <weft/pipeline/verify.hpp>
@@ -82,13 +87,18 @@ struct executor_options {
   /// Transformer layers of the model, checked to split over stages x chunks; 0: not checked.
   int layers = 0;
   /// How many actions ahead receives are posted (0: only the current action's input). Negative: the
-  /// backend's default, 1 with host buffers (MPI) and 0 with device buffers (NCCL), where every
-  /// point-to-point call queues on the communicator's stream in call order, so a receive posted
-  /// ahead would sit before this stage's later sends (refused there, see executor_problems).
+  /// backend's default, 1 with host buffers (MPI) and 0 with device buffers (NCCL) or with
+  /// `in_stream_order`, where batches run in posting order, so a receive posted ahead would sit
+  /// before this stage's later sends (refused there, see executor_problems).
   int prefetch = -1;
   /// Memory for one buffer of `elements` elements, owned by the caller and valid as long as the
   /// executor (device memory for NCCL). Empty: the executor allocates host memory.
   std::function<std::span<T>(std::size_t elements)> allocate{};
+  /// Wait for each batch of transfers before posting the next, as NCCL's stream runs them (it
+  /// always does there). On MPI, with boundaries above its eager limit (so that a send waits for
+  /// its receiver), this runs the transfers in the order NCCL imposes: what tests use to show on
+  /// CPUs that the executor cannot deadlock on NCCL. Needs prefetch 0.
+  bool in_stream_order = false;
 };
 
 /// What one `run()` did on this rank.
@@ -117,6 +127,7 @@ enum executor_field : std::size_t {
   field_callbacks,
   field_layers,
   field_prefetch,
+  field_in_stream_order,
   executor_fields
 };
 
@@ -197,10 +208,10 @@ inline std::vector<std::string> executor_problems(const schedule& s, std::span<c
   }
 
   for (std::size_t r = 0; r < ranks; ++r) {
-    if (stream_ordered && rec(r)[field_prefetch] > 0)
+    if ((stream_ordered || rec(r)[field_in_stream_order] != 0) && rec(r)[field_prefetch] > 0)
       problems.push_back("stage " + std::to_string(r) + " posts receives " + std::to_string(rec(r)[field_prefetch]) +
-                         " action(s) ahead (prefetch), but on this backend every point-to-point call runs in call "
-                         "order on the communicator's stream: a receive posted ahead holds back this stage's later "
+                         " action(s) ahead (prefetch), but its transfers run in posting order (on NCCL's stream, or "
+                         "in_stream_order): a receive posted ahead holds back this stage's later "
                          "sends, and deadlocks when its sender first waits for one of them (gpipe on 2 stages "
                          "already does). Use prefetch = 0 (the default here)");
   }
@@ -235,7 +246,7 @@ class executor {
   /// corrupt. `pp` must outlive the executor (it is held by reference and followed through moves).
   executor(communicator<B>& pp, schedule table, stage_callbacks<T> callbacks, executor_options<T> options)
       : pp_(pp.ref()), table_(std::move(table)), callbacks_(std::move(callbacks)), options_(std::move(options)) {
-    prefetch_ = options_.prefetch >= 0 ? options_.prefetch : (stream_ordered ? 0 : 1);
+    prefetch_ = options_.prefetch >= 0 ? options_.prefetch : (stream_ordered || options_.in_stream_order ? 0 : 1);
     agree(pp);
     rank_ = pp.rank();
     plan_ = detail::plan_exchange(table_, rank_);
@@ -244,9 +255,9 @@ class executor {
     slots_ = std::vector<recv_slot>(2 * m * v);
     held_input_.assign(m * v, -1);
     held_grad_.assign(m * v, -1);
-    posted_.assign(static_cast<std::size_t>(table_.stages), 0);
     // The inputs held until their backward, plus the receives posted ahead and the sends in flight.
     const verify_report report = verify(table_);
+    transfers_ = detail::plan_transfers(table_, rank_, plan_, report.times, prefetch_);
     const int held = report.peak_in_flight.empty() ? 1 : report.peak_in_flight[static_cast<std::size_t>(rank_)];
     for (int i = 0; i < held + 2 * (prefetch_ + 1); ++i) allocate_buffer_index();
   }
@@ -265,18 +276,19 @@ class executor {
     auto seconds = [](clock::duration d) { return std::chrono::duration<double>(d).count(); };
     const auto start = clock::now();
     step_stats stats;
-    std::fill(posted_.begin(), posted_.end(), 0);
     const std::vector<action>& list = table_.ranks[static_cast<std::size_t>(rank_)];
     const int last = table_.chunks_total() - 1;
-    for (std::size_t i = 0; i < list.size(); ++i) {
-      recycle_sends();
-      const std::size_t ahead = std::min(list.size() - 1, i + static_cast<std::size_t>(prefetch_));
-      for (std::size_t j = i; j <= ahead; ++j) post_through(comm, j);
+    batches_.clear();
+    output_of_.assign(list.size(), -1);
+    for (std::size_t i = 0;; ++i) {
+      recycle_batches();
+      post_step(comm, i, stats);
+      if (i == list.size()) break;
       const action& a = list[i];
       const int k = table_.virtual_stage(rank_, a.chunk);
       int output = -1;
       if (a.kind == action_kind::forward) {
-        const int input = take_input(i, stats, seconds);
+        const int input = take_input(i, stats);
         if (a.send_to >= 0) output = acquire();
         else if (k < last) same_rank_neighbour(a);
         if (k > 0 && a.recv_from < 0) same_rank_neighbour(a);
@@ -286,7 +298,7 @@ class executor {
         stats.compute_seconds += seconds(clock::now() - t0);
         held_input_[pair_index(a.micro_batch, a.chunk)] = input;
       } else if (a.kind == action_kind::backward) {
-        const int grad = take_input(i, stats, seconds);
+        const int grad = take_input(i, stats);
         if (a.send_to >= 0) output = acquire();
         const auto t0 = clock::now();
         callbacks_.backward(a.micro_batch, a.chunk, grad < 0 ? std::span<const T>() : std::span<const T>(buffers_[static_cast<std::size_t>(grad)]),
@@ -306,17 +318,12 @@ class executor {
         release(std::exchange(held_input_[pair_index(a.micro_batch, a.chunk)], -1));
       }
       if (output >= 0) {
-        sends_.push_back({output, comm.batch().send(std::span<const T>(buffers_[static_cast<std::size_t>(output)]), a.send_to).run_async()});
+        output_of_[i] = output;  // sent by a batch of a later step
         ++stats.sends;
       }
     }
-    const auto t0 = clock::now();
-    for (pending_send& s : sends_) {
-      s.done.wait();
-      release(s.buffer);
-    }
-    sends_.clear();
-    stats.wait_seconds += seconds(clock::now() - t0);
+    for (std::size_t b = 0; b < batches_.size(); ++b) finish_batch(b, stats);
+    batches_.clear();
     stats.receives = plan_.receives;
     stats.buffers = buffers_.size();
     stats.seconds = seconds(clock::now() - start);
@@ -331,12 +338,13 @@ class executor {
  private:
   struct recv_slot {
     int buffer = -1;
-    request done{};
-    bool posted = false;
+    std::size_t batch = 0;  ///< index in batches_ of the batch that receives it
   };
-  struct pending_send {
-    int buffer = -1;
+  /// A batch of transfers posted in this step, and the buffers it sends from (free once it ends).
+  struct posted_batch {
     request done{};
+    std::vector<int> send_buffers;
+    bool finished = false;
   };
 
   void agree(communicator<B>& pp) {
@@ -355,6 +363,7 @@ class executor {
                                     (callbacks_.weight ? detail::has_weight : 0);
     mine[detail::field_layers] = options_.layers;
     mine[detail::field_prefetch] = prefetch_;
+    mine[detail::field_in_stream_order] = options_.in_stream_order ? 1 : 0;
     std::vector<std::int64_t> all(detail::executor_fields * static_cast<std::size_t>(pp.size()));
     pp.host_all_gather(std::span<const std::int64_t>(mine), all);  // recorded and held to the deadline
     const std::vector<std::string> problems = detail::executor_problems(table_, all, pp.name(), stream_ordered);
@@ -407,43 +416,58 @@ class executor {
     if (buffer >= 0) free_index_.push_back(buffer);
   }
 
-  /// Posts, in the sender's order, every receive up to the one action `i` consumes.
-  void post_through(communicator<B>& comm, std::size_t i) {
-    const detail::inbound_slot& need = plan_.consumes[i];
-    if (need.peer < 0) return;
-    const std::vector<detail::inbound_message>& from = plan_.from[static_cast<std::size_t>(need.peer)];
-    int& next = posted_[static_cast<std::size_t>(need.peer)];
-    for (; next <= need.position; ++next) {
-      const detail::inbound_message& msg = from[static_cast<std::size_t>(next)];
-      recv_slot& slot = slots_[slot_index(msg)];
-      slot.buffer = acquire();
-      slot.done = comm.batch().recv(buffers_[static_cast<std::size_t>(slot.buffer)], msg.peer).run_async();
-      slot.posted = true;
+  /// Posts the batches of step `step` (before action `step`; the last one after every action).
+  void post_step(communicator<B>& comm, std::size_t step, step_stats& stats) {
+    for (const detail::transfer_batch& planned : transfers_.steps[step]) {
+      auto batch = comm.batch();
+      posted_batch entry;
+      for (const detail::transfer& t : planned.transfers) {
+        if (t.send) {
+          const int buffer = std::exchange(output_of_[static_cast<std::size_t>(t.action)], -1);
+          batch.send(std::span<const T>(buffers_[static_cast<std::size_t>(buffer)]), t.peer);
+          entry.send_buffers.push_back(buffer);
+        } else {
+          recv_slot& slot = slots_[slot_index(t.message)];
+          slot.buffer = acquire();
+          slot.batch = batches_.size();
+          batch.recv(buffers_[static_cast<std::size_t>(slot.buffer)], t.peer);
+        }
+      }
+      entry.done = batch.run_async();
+      batches_.push_back(std::move(entry));
+      if (options_.in_stream_order) finish_batch(batches_.size() - 1, stats);
     }
   }
 
+  /// Waits for batch `b` (once) and frees the buffers it sent from.
+  void finish_batch(std::size_t b, step_stats& stats) {
+    posted_batch& batch = batches_[b];
+    if (batch.finished) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    batch.done.wait();
+    stats.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    batch.finished = true;
+    for (int buffer : batch.send_buffers) release(buffer);
+  }
+
   /// Waits for action `i`'s input and hands over its buffer (-1: the action receives nothing).
-  template <class Seconds>
-  int take_input(std::size_t i, step_stats& stats, Seconds seconds) {
+  int take_input(std::size_t i, step_stats& stats) {
     const detail::inbound_slot& need = plan_.consumes[i];
     if (need.peer < 0) return -1;
     const detail::inbound_message& msg =
         plan_.from[static_cast<std::size_t>(need.peer)][static_cast<std::size_t>(need.position)];
     recv_slot& slot = slots_[slot_index(msg)];
-    const auto t0 = std::chrono::steady_clock::now();
-    slot.done.wait();
-    stats.wait_seconds += seconds(std::chrono::steady_clock::now() - t0);
-    slot.posted = false;
+    finish_batch(slot.batch, stats);
     return std::exchange(slot.buffer, -1);
   }
 
-  /// Frees the buffers of the sends that have completed (and lets the backend progress them).
-  void recycle_sends() {
-    std::erase_if(sends_, [&](pending_send& s) {
-      if (!s.done.test()) return false;
-      release(s.buffer);
-      return true;
-    });
+  /// Frees the buffers of the batches that have completed (and lets the backend progress them).
+  void recycle_batches() {
+    for (posted_batch& batch : batches_) {
+      if (batch.finished || batch.send_buffers.empty() || !batch.done.test()) continue;
+      batch.finished = true;
+      for (int buffer : batch.send_buffers) release(buffer);
+    }
   }
 
   communicator_ref<B> pp_;
@@ -458,8 +482,9 @@ class executor {
   std::vector<int> free_index_;  // buffers not in use
   std::vector<recv_slot> slots_;
   std::vector<int> held_input_, held_grad_;
-  std::vector<int> posted_;
-  std::vector<pending_send> sends_;
+  detail::transfer_plan transfers_;
+  std::vector<posted_batch> batches_;  ///< this step's, in posting order
+  std::vector<int> output_of_;         ///< per action of this step: the buffer its output waits in to be sent
 };
 
 }  // namespace weft::pipeline

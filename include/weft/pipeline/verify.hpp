@@ -2,15 +2,21 @@
 /// \file
 /// The offline verifier: from a schedule alone it checks the table (every computation once, every
 /// send paired with its receive), simulates the ranks with given costs to prove that none waits
-/// forever, and reports the makespan, the bubble and the activations each stage holds.
+/// forever, and reports the makespan, the bubble and the activations each stage holds. "Forever"
+/// includes the executor's transfers: they are simulated as NCCL runs them, each rank's batches in
+/// posting order on one stream and every send waiting until its receiver posts the receive
+/// (`verify_transfers`), so a table `verify` accepts cannot deadlock on NCCL or MPI.
 
 #include <weft/core/error.hpp>
 #include <weft/pipeline/detail/action_index.hpp>
+#include <weft/pipeline/detail/exchange_plan.hpp>
+#include <weft/pipeline/detail/transfer_plan.hpp>
 #include <weft/pipeline/schedule.hpp>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <string>
 #include <tuple>
@@ -121,11 +127,10 @@ inline void check_pairing(const schedule& s, std::vector<std::string>& problems)
 
 }  // namespace detail
 
-/// Checks `s` and simulates it under `c`: each rank runs its list in order; an action starts when
-/// the rank is free and its inputs are done (plus `c.comm` for an input from another rank).
-/// @throws weft::error when `c` is invalid.
-inline verify_report verify(const schedule& s, const costs& c = {}) {
-  if (std::vector<std::string> bad = validate(c); !bad.empty()) fail("invalid costs: " + bad.front());
+namespace detail {
+
+/// The table checks and the simulation of the computations alone (`verify` without transfers).
+inline verify_report simulate(const schedule& s, const costs& c) {
   verify_report report;
   const detail::action_index index(s);
   report.problems = index.problems();
@@ -216,6 +221,187 @@ inline verify_report verify(const schedule& s, const costs& c = {}) {
   for (std::int64_t b : report.busy) busy += b;
   if (report.makespan > 0) {
     report.bubble_fraction = 1.0 - static_cast<double>(busy) / (static_cast<double>(report.makespan) * static_cast<double>(s.stages));
+  }
+  return report;
+}
+
+}  // namespace detail
+
+/// What `verify_transfers` found.
+struct transfer_report {
+  /// Transfers that pair with a transfer of another message (matching between two ranks is by
+  /// posting order): empty for every table that passed `verify`'s table checks.
+  std::vector<std::string> problems;
+  bool deadlock_free = true;
+  /// When not: for each stuck rank, the batch it is in and what that batch waits for.
+  std::vector<std::string> waits;
+};
+
+namespace detail {
+
+/// `verify_transfers` from the simulation of `s` under the default costs (`timeline`).
+inline transfer_report check_transfers(const schedule& s, const verify_report& timeline, transfer_grouping grouping,
+                                       int prefetch) {
+  transfer_report report;
+  if (!timeline.ok()) {
+    report.problems = timeline.problems;
+    report.deadlock_free = false;
+    report.waits = timeline.waits;
+    return report;
+  }
+  const auto p = static_cast<std::size_t>(s.stages);
+  struct op_state {
+    detail::transfer what;
+    int step = 0;
+    int partner_rank = -1, partner_batch = -1, partner_op = -1;
+    bool done = false;
+  };
+  // Per rank, its batches in posting order (flattened over steps).
+  std::vector<std::vector<std::vector<op_state>>> batches(p);
+  for (int rank = 0; rank < s.stages; ++rank) {
+    const detail::transfer_plan plan =
+        detail::plan_transfers(s, rank, detail::plan_exchange(s, rank), timeline.times, prefetch, grouping);
+    for (std::size_t step = 0; step < plan.steps.size(); ++step)
+      for (const detail::transfer_batch& b : plan.steps[step]) {
+        std::vector<op_state>& ops = batches[static_cast<std::size_t>(rank)].emplace_back();
+        for (const detail::transfer& t : b.transfers) ops.push_back({t, static_cast<int>(step)});
+      }
+  }
+  auto message_name = [&](const detail::inbound_message& m, int to) {
+    return "the input of " + std::string(1, letter(m.consumer)) + std::to_string(m.micro_batch) +
+           (s.virtual_stages > 1 ? "." + std::to_string(m.chunk) : "") + " on rank " + std::to_string(to);
+  };
+  auto step_name = [&](int rank, int step) {
+    const std::vector<action>& list = s.ranks[static_cast<std::size_t>(rank)];
+    if (static_cast<std::size_t>(step) >= list.size()) return std::string("after its last action");
+    return "before its action " + std::to_string(step) + " (" + short_name(list[static_cast<std::size_t>(step)], s.virtual_stages) + ")";
+  };
+
+  // Pair the k-th send from a to b with the k-th receive on b from a.
+  struct where {
+    int rank, batch, op;
+  };
+  std::map<std::pair<int, int>, std::pair<std::vector<where>, std::vector<where>>> channels;  // (from, to)
+  for (int rank = 0; rank < s.stages; ++rank) {
+    const auto& mine = batches[static_cast<std::size_t>(rank)];
+    for (std::size_t b = 0; b < mine.size(); ++b)
+      for (std::size_t o = 0; o < mine[b].size(); ++o) {
+        const detail::transfer& t = mine[b][o].what;
+        const where w{rank, static_cast<int>(b), static_cast<int>(o)};
+        if (t.send) channels[{rank, t.peer}].first.push_back(w);
+        else channels[{t.peer, rank}].second.push_back(w);
+      }
+  }
+  auto at = [&](const where& w) -> op_state& {
+    return batches[static_cast<std::size_t>(w.rank)][static_cast<std::size_t>(w.batch)][static_cast<std::size_t>(w.op)];
+  };
+  for (auto& [ends, lists] : channels) {
+    auto& [sends, receives] = lists;
+    if (sends.size() != receives.size()) {
+      report.problems.push_back("rank " + std::to_string(ends.first) + " sends " + std::to_string(sends.size()) +
+                                " message(s) to rank " + std::to_string(ends.second) + ", which receives " +
+                                std::to_string(receives.size()));
+      continue;
+    }
+    for (std::size_t k = 0; k < sends.size(); ++k) {
+      op_state& send = at(sends[k]);
+      op_state& receive = at(receives[k]);
+      const detail::inbound_message& a = send.what.message;
+      const detail::inbound_message& b = receive.what.message;
+      if (a.consumer != b.consumer || a.micro_batch != b.micro_batch || a.chunk != b.chunk)
+        report.problems.push_back("rank " + std::to_string(ends.first) + "'s message " + std::to_string(k) + " to rank " +
+                                  std::to_string(ends.second) + " is " + message_name(a, ends.second) +
+                                  ", but is matched with the receive of " + message_name(b, ends.second));
+      send.partner_rank = receives[k].rank, send.partner_batch = receives[k].batch, send.partner_op = receives[k].op;
+      receive.partner_rank = sends[k].rank, receive.partner_batch = sends[k].batch, receive.partner_op = sends[k].op;
+    }
+  }
+  if (!report.problems.empty()) {
+    report.deadlock_free = false;
+    return report;
+  }
+
+  // Each rank advances through its batches; a transfer completes when its partner's batch is the
+  // partner rank's current one. A worklist revisits a rank whenever a partner may have freed it.
+  std::vector<std::size_t> current(p, 0);
+  std::deque<int> work;
+  for (int rank = 0; rank < s.stages; ++rank) work.push_back(rank);
+  while (!work.empty()) {
+    const int rank = work.front();
+    work.pop_front();
+    const auto r = static_cast<std::size_t>(rank);
+    while (current[r] < batches[r].size()) {
+      bool all_done = true;
+      for (op_state& op : batches[r][current[r]]) {
+        if (op.done) continue;
+        const auto partner = static_cast<std::size_t>(op.partner_rank);
+        if (current[partner] == static_cast<std::size_t>(op.partner_batch)) {
+          op.done = true;
+          at({op.partner_rank, op.partner_batch, op.partner_op}).done = true;
+          work.push_back(op.partner_rank);
+        } else {
+          all_done = false;
+        }
+      }
+      if (!all_done) break;
+      ++current[r];
+      for (const op_state& op : batches[r][current[r] - 1]) work.push_back(op.partner_rank);
+    }
+  }
+
+  for (std::size_t r = 0; r < p; ++r) {
+    if (current[r] == batches[r].size()) continue;
+    report.deadlock_free = false;
+    const int rank = static_cast<int>(r);
+    const std::vector<op_state>& batch = batches[r][current[r]];
+    std::string wait = "rank " + std::to_string(rank) + " is stuck in its transfers " + step_name(rank, batch.front().step);
+    for (const op_state& op : batch) {
+      if (op.done) continue;
+      const op_state& partner = at({op.partner_rank, op.partner_batch, op.partner_op});
+      const std::vector<op_state>& theirs = batches[static_cast<std::size_t>(op.partner_rank)][current[static_cast<std::size_t>(op.partner_rank)]];
+      wait += std::string(": its ") + (op.what.send ? "send of " : "receive of ") +
+              message_name(op.what.message, op.what.send ? op.what.peer : rank) + " waits for rank " +
+              std::to_string(op.partner_rank) + "'s " + (op.what.send ? "receive" : "send") + ", posted " +
+              step_name(op.partner_rank, partner.step) + ", while rank " + std::to_string(op.partner_rank) +
+              " is stuck in its transfers " + step_name(op.partner_rank, theirs.front().step);
+      break;
+    }
+    report.waits.push_back(wait);
+  }
+  return report;
+}
+
+}  // namespace detail
+
+/// Simulates the executor's transfers of `s` (detail::plan_transfers with `grouping` and
+/// `prefetch`) as NCCL runs them: each rank posts its batches in order on one stream, a batch
+/// ends when each of its transfers has met its partner, and a send meets its receive only while
+/// both are in their rank's current batch (rendezvous: a send waits for its receiver, whatever
+/// NCCL or MPI may buffer for small messages). The schedule's computations need nothing else: an
+/// action's input arrives in the batch before it, and its output leaves in the batch after it.
+/// A table whose computations cannot all run is reported as `verify` reports it.
+inline transfer_report verify_transfers(const schedule& s,
+                                        detail::transfer_grouping grouping = detail::transfer_grouping::timeline,
+                                        int prefetch = 0) {
+  return detail::check_transfers(s, detail::simulate(s, costs{}), grouping, prefetch);
+}
+
+/// Checks `s` and simulates it under `c`: each rank runs its list in order; an action starts when
+/// the rank is free and its inputs are done (plus `c.comm` for an input from another rank). When
+/// every computation can run, the executor's transfers are simulated too (`verify_transfers`):
+/// `deadlock_free` then means deadlock-free on NCCL.
+/// @throws weft::error when `c` is invalid.
+inline verify_report verify(const schedule& s, const costs& c = {}) {
+  if (std::vector<std::string> bad = validate(c); !bad.empty()) fail("invalid costs: " + bad.front());
+  verify_report report = detail::simulate(s, c);
+  if (report.deadlock_free && report.problems.empty() && s.stages > 1) {
+    const costs plain{};  // the executor's plan comes from the simulation under the default costs
+    const bool same = c.forward == plain.forward && c.backward == plain.backward && c.weight == plain.weight && c.comm == plain.comm;
+    transfer_report transfers = same ? detail::check_transfers(s, report, detail::transfer_grouping::timeline, 0)
+                                     : verify_transfers(s);
+    for (std::string& problem : transfers.problems) report.problems.push_back(std::move(problem));
+    report.deadlock_free = transfers.deadlock_free;
+    report.waits = std::move(transfers.waits);
   }
   return report;
 }

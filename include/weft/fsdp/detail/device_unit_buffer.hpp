@@ -1,9 +1,10 @@
 #pragma once
 /// \file
 /// A sharded model's per-unit memory on a CUDA device (the NCCL backend). Allocation and release
-/// are stream-ordered (cuda::device_memory): a unit's gathered parameters or gradients are given
-/// back once the compute kernels that read them and the collective that reads or writes them have
-/// run, without the host waiting for either. Copies between host and device are ordered on the
+/// are stream-ordered on the stream that first uses the memory (cuda::device_memory), with no host
+/// wait: a unit's gathered parameters are allocated in the shard group's stream's order, its
+/// gradients in the compute stream's, and each is given back once the compute kernels that read
+/// them and the collective that reads or writes them have run. Copies between host and device are ordered on the
 /// compute stream, so they follow the optimizer's kernels and precede the next forward's.
 
 #include <weft/config.hpp>
@@ -55,19 +56,25 @@ class unit_buffer<T, memory_space::device> {
   std::span<const T> span() const noexcept { return {static_cast<const T*>(memory_.data()), size_}; }
   std::size_t bytes() const noexcept { return memory_.bytes(); }
 
-  /// `n` zeroed elements, complete when it returns (so any stream's later work sees zeros). Always
-  /// fresh memory: the old buffer may still be written by kernels queued on the compute stream (a
-  /// backward that threw), which a blocking zeroing on another stream would race.
+  /// `n` zeroed elements: allocated and zeroed in the compute stream's order, and the shard
+  /// group's stream ordered after that, without the host waiting. Always fresh memory: the old
+  /// buffer may still be written by kernels queued on the compute stream (a backward that threw);
+  /// it goes back to the pool after them.
   void assign_zeros(std::size_t n, const context& c) {
     release(c);
-    allocate(n, c);
-    memory_.zero();
+    memory_ = cuda::device_memory(n * sizeof(T), c.device, c.compute);
+    size_ = n;
+    if (n == 0) return;
+    cuda::device_guard on(c.device);
+    WEFT_CHECK_CUDA(cudaMemsetAsync(memory_.data(), 0, memory_.bytes(), c.compute));
+    cuda::wait_for_stream(c.communication, c.compute);
   }
-  /// `n` elements the caller overwrites (in stream order) before anything reads them.
+  /// `n` elements the caller overwrites before anything reads them: allocated in the shard
+  /// group's stream's order (the gather that fills them runs there), without the host waiting.
   void allocate(std::size_t n, const context& c) {
     if (size_ == n && memory_.data() != nullptr) return;
     release(c);
-    memory_ = cuda::device_memory(n * sizeof(T), c.device);
+    memory_ = cuda::device_memory(n * sizeof(T), c.device, c.communication);
     size_ = n;
   }
   /// Zeroes in the compute stream's order (after the optimizer's kernels, before the next forward's).

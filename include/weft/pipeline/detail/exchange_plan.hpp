@@ -55,7 +55,12 @@ inline exchange_plan plan_exchange(const schedule& s, int rank) {
   plan.rank = rank;
   const auto p = static_cast<std::size_t>(s.stages);
   plan.from.resize(p);
-  for (int peer = 0; peer < s.stages; ++peer) {
+  // Only the neighbours in the chunk order send to a rank (rules the table passed), so the plans
+  // of all ranks cost a pass over the table, not one per rank.
+  const int previous = (rank + s.stages - 1) % s.stages, next = (rank + 1) % s.stages;
+  const int neighbours[] = {previous, next};
+  for (int i = 0; i < (next == previous ? 1 : 2); ++i) {
+    const int peer = neighbours[i];
     if (peer == rank) continue;
     for (const action& a : s.ranks[static_cast<std::size_t>(peer)]) {
       if (a.send_to == rank) plan.from[static_cast<std::size_t>(peer)].push_back(outbound_of(s, peer, a));
