@@ -305,7 +305,37 @@ class safetensors_reader {
   explicit safetensors_reader(const std::filesystem::path& path) : path_(path) {}
 
   checkpoint_file read() {
-    file_descriptor in(::open(path_.c_str(), O_RDONLY | O_CLOEXEC));
+    file_descriptor in;
+    std::vector<header_entry> entries;
+    checkpoint_file file;
+    const std::uint64_t data_start = read_header(in, entries, file.metadata);
+    file.tensors.reserve(entries.size());
+    for (header_entry& entry : entries) {
+      tensor_record record{.name = std::move(entry.name), .type = entry.type, .shape = std::move(entry.shape), .bytes = {}};
+      record.bytes.resize(entry.end - entry.begin);
+      tensor_ = record.name;
+      read_bytes(in.get(), record.bytes, data_start + entry.begin);
+      file.tensors.push_back(std::move(record));
+    }
+    return file;
+  }
+
+  /// The checked header alone: entries in file order with offsets made absolute (from the file's start).
+  std::vector<header_entry> read_layout(std::map<std::string, std::string>& metadata) {
+    file_descriptor in;
+    std::vector<header_entry> entries;
+    const std::uint64_t data_start = read_header(in, entries, metadata);
+    for (header_entry& entry : entries) {
+      entry.begin += data_start;
+      entry.end += data_start;
+    }
+    return entries;
+  }
+
+ private:
+  /// Opens the file into `in`, reads and checks its header; returns where the data buffer starts.
+  std::uint64_t read_header(file_descriptor& in, std::vector<header_entry>& entries, std::map<std::string, std::string>& metadata) {
+    in = file_descriptor(::open(path_.c_str(), O_RDONLY | O_CLOEXEC));
     if (!in.is_open()) {
       const int code = errno;
       refuse("cannot open it: " + errno_text(code) + "; check the path");
@@ -335,23 +365,12 @@ class safetensors_reader {
     std::string header(header_bytes, '\0');
     read_bytes(in.get(), std::as_writable_bytes(std::span(header)), sizeof length_bytes);
 
-    checkpoint_file file;
-    std::vector<header_entry> entries = parse_header(header, file.metadata);
+    entries = parse_header(header, metadata);
     const std::uint64_t data_start = sizeof length_bytes + header_bytes;
     check_offsets(entries, file_bytes - data_start);
-
-    file.tensors.reserve(entries.size());
-    for (header_entry& entry : entries) {
-      tensor_record record{.name = std::move(entry.name), .type = entry.type, .shape = std::move(entry.shape), .bytes = {}};
-      record.bytes.resize(entry.end - entry.begin);
-      tensor_ = record.name;
-      read_bytes(in.get(), record.bytes, data_start + entry.begin);
-      file.tensors.push_back(std::move(record));
-    }
-    return file;
+    return data_start;
   }
 
- private:
   [[noreturn]] void refuse(const std::string& message) const {
     std::string text = "checkpoint '" + path_.string() + "'";
     if (!tensor_.empty()) text += ", tensor '" + tensor_ + "'";
@@ -518,6 +537,32 @@ class safetensors_reader {
 /// One writer per path at a time (the temporary name is per process).
 inline void write_safetensors(const std::filesystem::path& path, const checkpoint_file& file) {
   detail::write_safetensors_file(path, file);
+}
+
+/// One tensor of a safetensors file, located but not read: its bytes are [begin, end) counted
+/// from the start of the file.
+struct safetensors_entry {
+  std::string name;
+  dtype type = dtype::float32;
+  std::vector<std::int64_t> shape;
+  std::uint64_t begin = 0;
+  std::uint64_t end = 0;
+};
+
+/// A safetensors file's checked header: its metadata and where each tensor lies, in file order.
+struct safetensors_layout {
+  std::map<std::string, std::string> metadata;
+  std::vector<safetensors_entry> tensors;
+};
+
+/// Reads and checks only the header of a safetensors file (every check read_safetensors makes
+/// except reading the data), so a reader can then fetch just the byte ranges it needs.
+inline safetensors_layout read_safetensors_layout(const std::filesystem::path& path) {
+  safetensors_layout layout;
+  for (detail::header_entry& entry : detail::safetensors_reader(path).read_layout(layout.metadata)) {
+    layout.tensors.push_back({std::move(entry.name), entry.type, std::move(entry.shape), entry.begin, entry.end});
+  }
+  return layout;
 }
 
 /// Reads a safetensors file, checking everything (header length against the file size, JSON,
