@@ -457,6 +457,10 @@ class distributed_saver {
 struct read_options {
   /// The most bytes a piece is read in at a time (its checksum is computed on the way).
   std::size_t chunk_bytes = std::size_t{4} << 20;
+  /// Whether read() reads each piece it takes values from whole, to check its checksum. Without,
+  /// it reads only the overlap, one contiguous run at a time (for a reader that ran verify()
+  /// first, as weft-ckpt export does).
+  bool check_checksums = true;
 };
 
 /// A complete distributed checkpoint, open for reading: its index, and the files read on demand.
@@ -510,7 +514,13 @@ class distributed_checkpoint {
       fail("reading region " + region_text(part) + " of tensor '" + t.name + "' needs " + std::to_string(needed) + " bytes of " +
            std::string(safetensors_name(t.type)) + ", but the destination has " + std::to_string(out.size()));
     }
-    for (const read_step& step : plan_read(t, part)) stream_piece(t, *step.piece, &part, out.data());
+    for (const read_step& step : plan_read(t, part)) {
+      if (options_.check_checksums) {
+        stream_piece(t, *step.piece, &part, out.data());
+      } else {
+        copy_overlap(t, *step.piece, step.overlap, part, out.data());
+      }
+    }
   }
 
   /// Region `part` of tensor `name` as T; throws weft::error when the tensor's dtype is not T's.
@@ -671,6 +681,41 @@ class distributed_checkpoint {
       std::snprintf(numbers, sizeof numbers, "0x%08x, the index says 0x%08x", crc, piece.crc32);
       fail(where + ": checksum mismatch: the data's CRC-32 is " + numbers +
            "; the file is corrupt: restore it or pick another checkpoint");
+    }
+  }
+
+  /// Copies `overlap` (inside both the piece and `wanted`) from the file to `out`, one run of the
+  /// last dimension at a time, without a checksum.
+  void copy_overlap(const saved_tensor& t, const saved_piece& piece, const region& overlap, const region& wanted, std::byte* out) {
+    open_file& f = file(t, piece);
+    const std::string where = "checkpoint '" + directory_.string() + "', file '" + piece.file + "', tensor '" + t.name + "', piece '" + piece.key + "'";
+    const auto entry = f.entries.find(piece.key);
+    if (entry == f.entries.end() || entry->second.type != t.type || entry->second.shape != piece.part.extent) {
+      fail(where + ": the file lacks the piece or holds it with another dtype or shape; the file does not belong to this index: pick another checkpoint");
+    }
+    const std::size_t element = size_of(t.type);
+    const std::size_t dims = overlap.extent.size();
+    const std::int64_t run = dims == 0 ? 1 : overlap.extent.back();
+    const std::int64_t runs = element_count(overlap) / std::max<std::int64_t>(run, 1);
+    for (std::int64_t r = 0; r < runs && run > 0; ++r) {
+      std::int64_t rest = r, source = 0, target = 0, source_stride = 1, target_stride = 1;
+      if (dims > 0) {
+        source = overlap.offset[dims - 1] - piece.part.offset[dims - 1];
+        target = overlap.offset[dims - 1] - wanted.offset[dims - 1];
+        source_stride = piece.part.extent[dims - 1];
+        target_stride = wanted.extent[dims - 1];
+        for (std::size_t d = dims - 1; d-- > 0;) {
+          const std::int64_t index = overlap.offset[d] + rest % overlap.extent[d];
+          rest /= overlap.extent[d];
+          source += (index - piece.part.offset[d]) * source_stride;
+          target += (index - wanted.offset[d]) * target_stride;
+          source_stride *= piece.part.extent[d];
+          target_stride *= wanted.extent[d];
+        }
+      }
+      const std::span<std::byte> bytes(out + static_cast<std::size_t>(target) * element, static_cast<std::size_t>(run) * element);
+      const int code = detail::read_exact(f.fd.get(), bytes, entry->second.begin + static_cast<std::uint64_t>(source) * element);
+      if (code != 0) fail(where + ": reading it failed: " + (code == -1 ? std::string("the file ended") : detail::errno_text(code)));
     }
   }
 

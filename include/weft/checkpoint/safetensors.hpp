@@ -13,6 +13,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <exception>
+#include <functional>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -213,15 +215,16 @@ namespace detail {
 inline constexpr std::uint64_t max_header_bytes = 100'000'000;
 
 /// The header of `file` as written (JSON plus the padding to a multiple of 8), after checking
-/// every record; `data_bytes` receives the size of the data buffer.
-inline std::string header_text(const checkpoint_file& file, std::uint64_t& data_bytes) {
+/// every record; `data_bytes` receives the size of the data buffer. With `bytes_given` false the
+/// records' bytes are not there yet (a streamed write): sizes come from shapes and dtypes.
+inline std::string header_text(const checkpoint_file& file, std::uint64_t& data_bytes, bool bytes_given = true) {
   std::vector<std::string_view> names;
   names.reserve(file.tensors.size());
   for (const tensor_record& record : file.tensors) {
     if (record.name.empty()) fail("a tensor has an empty name; give every tensor a name");
     if (record.name == "__metadata__") fail("no tensor may be named '__metadata__' (safetensors keeps the metadata under that name); rename it");
     if (!valid_utf8(record.name)) fail("tensor name '" + record.name + "' is not valid UTF-8; safetensors names are UTF-8 text");
-    check_record_size(record);
+    if (bytes_given) check_record_size(record);
     names.push_back(record.name);
   }
   std::sort(names.begin(), names.end());
@@ -256,7 +259,8 @@ inline std::string header_text(const checkpoint_file& file, std::uint64_t& data_
       if (i != 0) header += ',';
       header += std::to_string(record.shape[i]);
     }
-    const std::uint64_t end = offset + record.bytes.size();
+    const std::uint64_t end =
+        offset + (bytes_given ? record.bytes.size() : static_cast<std::uint64_t>(element_count(record.shape)) * size_of(record.type));
     header += "],\"data_offsets\":[" + std::to_string(offset) + ',' + std::to_string(end) + "]}";
     offset = end;
   }
@@ -537,6 +541,56 @@ class safetensors_reader {
 /// One writer per path at a time (the temporary name is per process).
 inline void write_safetensors(const std::filesystem::path& path, const checkpoint_file& file) {
   detail::write_safetensors_file(path, file);
+}
+
+/// Writes a safetensors file atomically without holding its tensors: `file` gives the metadata and
+/// each tensor's name, dtype and shape (its bytes empty), and `produce(i, write)` hands tensor i's
+/// bytes, in order, to `write` in as many parts as it likes (`write` throws on a failed write).
+/// Throws weft::error when a tensor gets more or fewer bytes than its shape needs; on any failure
+/// the previous file at `path` is untouched. Returns the file's size.
+inline std::uint64_t write_safetensors_streamed(
+    const std::filesystem::path& path, const checkpoint_file& file,
+    const std::function<void(std::size_t, const std::function<void(std::span<const std::byte>)>&)>& produce) {
+  std::uint64_t data_bytes = 0;
+  const std::string header = detail::header_text(file, data_bytes, false);
+  std::byte length[8];
+  const std::uint64_t header_length = header.size();
+  std::memcpy(length, &header_length, sizeof length);
+  std::exception_ptr failure;
+  try {
+    detail::replace_file_atomically(path, [&](int fd) {
+      try {
+        auto check = [](int code) {
+          if (code != 0) throw code;
+        };
+        check(detail::write_all(fd, length));
+        check(detail::write_all(fd, std::as_bytes(std::span(header))));
+        for (std::size_t i = 0; i < file.tensors.size(); ++i) {
+          const tensor_record& t = file.tensors[i];
+          const std::uint64_t expected = static_cast<std::uint64_t>(element_count(t.shape)) * size_of(t.type);
+          std::uint64_t written = 0;
+          produce(i, [&](std::span<const std::byte> bytes) {
+            if (written + bytes.size() > expected) fail("tensor '" + t.name + "' was given more than its " + std::to_string(expected) + " bytes");
+            check(detail::write_all(fd, bytes));
+            written += bytes.size();
+          });
+          if (written != expected) {
+            fail("tensor '" + t.name + "' was given " + std::to_string(written) + " of its " + std::to_string(expected) + " bytes");
+          }
+        }
+        return 0;
+      } catch (int code) {
+        return code;
+      } catch (...) {
+        failure = std::current_exception();
+        return EIO;
+      }
+    });
+  } catch (...) {
+    if (failure) std::rethrow_exception(failure);  // the producer's own error, not the EIO standing for it
+    throw;
+  }
+  return sizeof length + header.size() + data_bytes;
 }
 
 /// One tensor of a safetensors file, located but not read: its bytes are [begin, end) counted
