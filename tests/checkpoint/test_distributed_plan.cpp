@@ -150,6 +150,15 @@ TEST_CASE("each distinct piece is written once, replicas by balanced writers", "
   for (int t = 0; t < 8; ++t) {
     for (auto& rank : replicated) rank.push_back({"t" + std::to_string(t), weft::dtype::float32, {16}, ckpt::whole_region(std::vector<std::int64_t>{16})});
   }
+  // An empty region (an uneven split's empty share) is not written; it would share its name in
+  // the file with the piece at the same offset.
+  const std::vector<std::vector<ckpt::piece_declaration>> with_empty = {
+      {{"e", weft::dtype::float32, {4}, {{0}, {4}}}, {"f", weft::dtype::float32, {2}, {{0}, {0}}}},
+      {{"e", weft::dtype::float32, {4}, {{0}, {0}}}, {"f", weft::dtype::float32, {2}, {{0}, {2}}}}};
+  const auto skipping = ckpt::plan_writers(with_empty);
+  REQUIRE(skipping.written_by[0] == std::vector<std::size_t>{0});
+  REQUIRE(skipping.written_by[1] == std::vector<std::size_t>{1});
+
   const auto balanced = ckpt::plan_writers(replicated);
   for (int r = 0; r < 4; ++r) {
     REQUIRE(balanced.written_by[r].size() == 2);

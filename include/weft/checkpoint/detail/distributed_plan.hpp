@@ -175,6 +175,7 @@ inline write_plan plan_writers(const std::vector<std::vector<piece_declaration>>
                " on rank " + std::to_string(it->second.first_rank) + "; every rank must declare a tensor's global shape and dtype alike");
         }
       }
+      if (element_count(p.part) == 0) continue;  // holds nothing (an uneven split's empty share): nothing to write
       std::vector<holder>& holders = it->second.pieces[p.part];
       if (!holders.empty() && holders.back().rank == rank) {
         fail(where + " is declared twice by that rank; declare each piece once");
