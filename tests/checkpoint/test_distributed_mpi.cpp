@@ -50,6 +50,18 @@ void operator delete(void* memory) noexcept { counted_release(memory); }
 void operator delete[](void* memory) noexcept { counted_release(memory); }
 void operator delete(void* memory, std::size_t) noexcept { counted_release(memory); }
 void operator delete[](void* memory, std::size_t) noexcept { counted_release(memory); }
+// The nothrow forms too (std::stable_sort's buffer): a sanitizer's runtime defines its own, which
+// would hand the sized delete above memory without the header.
+void* operator new(std::size_t size, const std::nothrow_t&) noexcept {
+  try {
+    return counted_allocation(size);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void* operator new[](std::size_t size, const std::nothrow_t& tag) noexcept { return operator new(size, tag); }
+void operator delete(void* memory, const std::nothrow_t&) noexcept { counted_release(memory); }
+void operator delete[](void* memory, const std::nothrow_t&) noexcept { counted_release(memory); }
 
 namespace {
 
