@@ -8,6 +8,8 @@
 
 #include <weft/backend/backend.hpp>
 #include <weft/checkpoint/async_writer.hpp>
+#include <weft/checkpoint/distributed.hpp>
+#include <weft/checkpoint/exchange.hpp>
 #include <weft/checkpoint/safetensors.hpp>
 #include <weft/comm/buffer.hpp>
 #include <weft/comm/communicator.hpp>

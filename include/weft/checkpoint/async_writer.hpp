@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -36,6 +37,10 @@ inline constexpr std::chrono::milliseconds default_write_deadline = weft::defaul
 struct write_request {
   std::filesystem::path path;
   checkpoint_file file;
+  /// When set, called on the writing thread instead of writing `file` (which then stays empty)
+  /// and returns the bytes it wrote; `path` names the step in messages. A distributed checkpoint
+  /// uses it for its steps after a rank's file (the rank's manifest, the index).
+  std::function<std::uint64_t()> write = {};
 };
 
 /// One background thread that writes checkpoint files.
@@ -202,7 +207,7 @@ class async_writer {
         s.changed.notify_all();  // a waiter now measures the deadline from here
         lock.unlock();
         try {
-          bytes += detail::write_safetensors_file(request.path, request.file);
+          bytes += request.write ? request.write() : detail::write_safetensors_file(request.path, request.file);
         } catch (...) {
           failure = std::current_exception();
         }

@@ -13,6 +13,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <exception>
+#include <functional>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -213,15 +215,16 @@ namespace detail {
 inline constexpr std::uint64_t max_header_bytes = 100'000'000;
 
 /// The header of `file` as written (JSON plus the padding to a multiple of 8), after checking
-/// every record; `data_bytes` receives the size of the data buffer.
-inline std::string header_text(const checkpoint_file& file, std::uint64_t& data_bytes) {
+/// every record; `data_bytes` receives the size of the data buffer. With `bytes_given` false the
+/// records' bytes are not there yet (a streamed write): sizes come from shapes and dtypes.
+inline std::string header_text(const checkpoint_file& file, std::uint64_t& data_bytes, bool bytes_given = true) {
   std::vector<std::string_view> names;
   names.reserve(file.tensors.size());
   for (const tensor_record& record : file.tensors) {
     if (record.name.empty()) fail("a tensor has an empty name; give every tensor a name");
     if (record.name == "__metadata__") fail("no tensor may be named '__metadata__' (safetensors keeps the metadata under that name); rename it");
     if (!valid_utf8(record.name)) fail("tensor name '" + record.name + "' is not valid UTF-8; safetensors names are UTF-8 text");
-    check_record_size(record);
+    if (bytes_given) check_record_size(record);
     names.push_back(record.name);
   }
   std::sort(names.begin(), names.end());
@@ -256,7 +259,8 @@ inline std::string header_text(const checkpoint_file& file, std::uint64_t& data_
       if (i != 0) header += ',';
       header += std::to_string(record.shape[i]);
     }
-    const std::uint64_t end = offset + record.bytes.size();
+    const std::uint64_t end =
+        offset + (bytes_given ? record.bytes.size() : static_cast<std::uint64_t>(element_count(record.shape)) * size_of(record.type));
     header += "],\"data_offsets\":[" + std::to_string(offset) + ',' + std::to_string(end) + "]}";
     offset = end;
   }
@@ -305,7 +309,37 @@ class safetensors_reader {
   explicit safetensors_reader(const std::filesystem::path& path) : path_(path) {}
 
   checkpoint_file read() {
-    file_descriptor in(::open(path_.c_str(), O_RDONLY | O_CLOEXEC));
+    file_descriptor in;
+    std::vector<header_entry> entries;
+    checkpoint_file file;
+    const std::uint64_t data_start = read_header(in, entries, file.metadata);
+    file.tensors.reserve(entries.size());
+    for (header_entry& entry : entries) {
+      tensor_record record{.name = std::move(entry.name), .type = entry.type, .shape = std::move(entry.shape), .bytes = {}};
+      record.bytes.resize(entry.end - entry.begin);
+      tensor_ = record.name;
+      read_bytes(in.get(), record.bytes, data_start + entry.begin);
+      file.tensors.push_back(std::move(record));
+    }
+    return file;
+  }
+
+  /// The checked header alone: entries in file order with offsets made absolute (from the file's start).
+  std::vector<header_entry> read_layout(std::map<std::string, std::string>& metadata) {
+    file_descriptor in;
+    std::vector<header_entry> entries;
+    const std::uint64_t data_start = read_header(in, entries, metadata);
+    for (header_entry& entry : entries) {
+      entry.begin += data_start;
+      entry.end += data_start;
+    }
+    return entries;
+  }
+
+ private:
+  /// Opens the file into `in`, reads and checks its header; returns where the data buffer starts.
+  std::uint64_t read_header(file_descriptor& in, std::vector<header_entry>& entries, std::map<std::string, std::string>& metadata) {
+    in = file_descriptor(::open(path_.c_str(), O_RDONLY | O_CLOEXEC));
     if (!in.is_open()) {
       const int code = errno;
       refuse("cannot open it: " + errno_text(code) + "; check the path");
@@ -335,23 +369,12 @@ class safetensors_reader {
     std::string header(header_bytes, '\0');
     read_bytes(in.get(), std::as_writable_bytes(std::span(header)), sizeof length_bytes);
 
-    checkpoint_file file;
-    std::vector<header_entry> entries = parse_header(header, file.metadata);
+    entries = parse_header(header, metadata);
     const std::uint64_t data_start = sizeof length_bytes + header_bytes;
     check_offsets(entries, file_bytes - data_start);
-
-    file.tensors.reserve(entries.size());
-    for (header_entry& entry : entries) {
-      tensor_record record{.name = std::move(entry.name), .type = entry.type, .shape = std::move(entry.shape), .bytes = {}};
-      record.bytes.resize(entry.end - entry.begin);
-      tensor_ = record.name;
-      read_bytes(in.get(), record.bytes, data_start + entry.begin);
-      file.tensors.push_back(std::move(record));
-    }
-    return file;
+    return data_start;
   }
 
- private:
   [[noreturn]] void refuse(const std::string& message) const {
     std::string text = "checkpoint '" + path_.string() + "'";
     if (!tensor_.empty()) text += ", tensor '" + tensor_ + "'";
@@ -518,6 +541,82 @@ class safetensors_reader {
 /// One writer per path at a time (the temporary name is per process).
 inline void write_safetensors(const std::filesystem::path& path, const checkpoint_file& file) {
   detail::write_safetensors_file(path, file);
+}
+
+/// Writes a safetensors file atomically without holding its tensors: `file` gives the metadata and
+/// each tensor's name, dtype and shape (its bytes empty), and `produce(i, write)` hands tensor i's
+/// bytes, in order, to `write` in as many parts as it likes (`write` throws on a failed write).
+/// Throws weft::error when a tensor gets more or fewer bytes than its shape needs; on any failure
+/// the previous file at `path` is untouched. Returns the file's size.
+inline std::uint64_t write_safetensors_streamed(
+    const std::filesystem::path& path, const checkpoint_file& file,
+    const std::function<void(std::size_t, const std::function<void(std::span<const std::byte>)>&)>& produce) {
+  std::uint64_t data_bytes = 0;
+  const std::string header = detail::header_text(file, data_bytes, false);
+  std::byte length[8];
+  const std::uint64_t header_length = header.size();
+  std::memcpy(length, &header_length, sizeof length);
+  std::exception_ptr failure;
+  try {
+    detail::replace_file_atomically(path, [&](int fd) {
+      try {
+        auto check = [](int code) {
+          if (code != 0) throw code;
+        };
+        check(detail::write_all(fd, length));
+        check(detail::write_all(fd, std::as_bytes(std::span(header))));
+        for (std::size_t i = 0; i < file.tensors.size(); ++i) {
+          const tensor_record& t = file.tensors[i];
+          const std::uint64_t expected = static_cast<std::uint64_t>(element_count(t.shape)) * size_of(t.type);
+          std::uint64_t written = 0;
+          produce(i, [&](std::span<const std::byte> bytes) {
+            if (written + bytes.size() > expected) fail("tensor '" + t.name + "' was given more than its " + std::to_string(expected) + " bytes");
+            check(detail::write_all(fd, bytes));
+            written += bytes.size();
+          });
+          if (written != expected) {
+            fail("tensor '" + t.name + "' was given " + std::to_string(written) + " of its " + std::to_string(expected) + " bytes");
+          }
+        }
+        return 0;
+      } catch (int code) {
+        return code;
+      } catch (...) {
+        failure = std::current_exception();
+        return EIO;
+      }
+    });
+  } catch (...) {
+    if (failure) std::rethrow_exception(failure);  // the producer's own error, not the EIO standing for it
+    throw;
+  }
+  return sizeof length + header.size() + data_bytes;
+}
+
+/// One tensor of a safetensors file, located but not read: its bytes are [begin, end) counted
+/// from the start of the file.
+struct safetensors_entry {
+  std::string name;
+  dtype type = dtype::float32;
+  std::vector<std::int64_t> shape;
+  std::uint64_t begin = 0;
+  std::uint64_t end = 0;
+};
+
+/// A safetensors file's checked header: its metadata and where each tensor lies, in file order.
+struct safetensors_layout {
+  std::map<std::string, std::string> metadata;
+  std::vector<safetensors_entry> tensors;
+};
+
+/// Reads and checks only the header of a safetensors file (every check read_safetensors makes
+/// except reading the data), so a reader can then fetch just the byte ranges it needs.
+inline safetensors_layout read_safetensors_layout(const std::filesystem::path& path) {
+  safetensors_layout layout;
+  for (detail::header_entry& entry : detail::safetensors_reader(path).read_layout(layout.metadata)) {
+    layout.tensors.push_back({std::move(entry.name), entry.type, std::move(entry.shape), entry.begin, entry.end});
+  }
+  return layout;
 }
 
 /// Reads a safetensors file, checking everything (header length against the file size, JSON,
