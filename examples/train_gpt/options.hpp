@@ -24,6 +24,9 @@ model
                          (default small); the flags below override its fields
   --layers N --hidden N --heads N --vocab N --positions N
   --seq N                tokens per training sequence (at most --positions)
+  --make-vocab-size-divisible-by N   the vocabulary is padded to a multiple of N x tp (default 128,
+                         Megatron's): each tp rank holds an equal block of the embedding's rows; the
+                         padding is never trained nor saved (checkpoints keep the true vocabulary)
   --init-from FILE       shape from FILE's metadata (GPT-2 config names) and weights from FILE
 run
   --steps N              optimizer steps in all, counted from step 0: a run resumed at step S trains
@@ -71,6 +74,7 @@ struct options {
   gpt_config model = *named_model("small");
   std::string model_name = "small";
   std::optional<std::string> init_from;
+  int vocab_divisible_by = 128;  // --make-vocab-size-divisible-by
   int steps = 20;
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
   int warmup = 0;
@@ -134,6 +138,7 @@ inline options parse_options(int argc, char** argv) {
              flag == "--positions" || flag == "--seq")
       fields.emplace_back(std::string(flag), value());
     else if (flag == "--init-from") o.init_from = value();
+    else if (flag == "--make-vocab-size-divisible-by") o.vocab_divisible_by = integer(1, 1 << 20);
     else if (flag == "--steps") o.steps = integer(1, 100'000'000);
     else if (flag == "--lr") o.lr = real(0, 10);
     else if (flag == "--warmup") o.warmup = integer(0, 100'000'000);
@@ -225,6 +230,7 @@ inline options parse_options(int argc, char** argv) {
     else o.model.seq = v;
     o.model_flags.push_back(flag);
   }
+  o.model.vocab_divisible_by = o.vocab_divisible_by;
   if (o.schedule != "gpipe" && o.schedule != "1f1b" && o.schedule != "interleaved" && o.schedule != "zb-h1")
     throw usage_error("--schedule '" + o.schedule + "' is not one train_gpt runs: use gpipe, 1f1b, interleaved or zb-h1" +
                       weft_programs::did_you_mean(o.schedule, weft_programs::listed_words("gpipe, 1f1b, interleaved, zb-h1")));

@@ -60,6 +60,7 @@ train_gpt::gpt_config model_shape(const train_gpt::options& o) {
       throw input_error(flag + " " + std::to_string(given) + " disagrees with '" + *o.init_from + "', whose model has " +
                         std::to_string(file) + ": drop the flag to take the file's shape");
   }
+  m.vocab_divisible_by = o.vocab_divisible_by;  // padding is the run's, not the file's (files hold the true vocabulary)
   return m;
 }
 

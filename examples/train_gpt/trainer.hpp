@@ -406,13 +406,16 @@ class trainer {
       const std::size_t seq1 = static_cast<std::size_t>(m_.seq) + 1;
       for (int mb = 0; mb < r_.micro_batches; ++mb) {
         micro_batch_tokens& b = batches[static_cast<std::size_t>(mb)];
-        b.tokens.clear(), b.labels.clear(), b.positions.clear();
+        b.tokens.clear(), b.labels.clear(), b.positions.clear(), b.all_tokens.clear(), b.all_labels.clear();
         // Row i of the micro-batch is token positions[i % local] of its sequence i / local.
         const std::size_t local = positions.size();
-        for (std::size_t i = row_first; i < row_first + row_count; ++i) {
+        for (std::size_t i = 0; i < static_cast<std::size_t>(r_.choice.micro_batch) * local; ++i) {
           const std::int32_t* seq =
               slice.data() + (static_cast<std::size_t>(mb * r_.choice.micro_batch) + i / local) * seq1;
           const std::int64_t p = positions[i % local];
+          b.all_tokens.push_back(seq[p]);
+          b.all_labels.push_back(seq[p + 1]);
+          if (i < row_first || i >= row_first + row_count) continue;
           b.tokens.push_back(seq[p]);
           b.labels.push_back(seq[p + 1]);
           b.positions.push_back(p);

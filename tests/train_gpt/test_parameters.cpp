@@ -37,7 +37,9 @@ TEST_CASE("every whole element is held by exactly one tp rank, or by all of them
       const int want = whole_spec.split == tp_split::replicated ? tp : 1;
       INFO(whole_spec.name << " tp " << tp);
       CHECK(std::all_of(held.begin(), held.end(), [&](int h) { return h == want; }));
-      CHECK(local_total == n * static_cast<std::size_t>(want));
+      // The embedding's blocks also hold the padding: 256 tokens padded to a multiple of 128 x tp.
+      const std::size_t padding = whole_spec.split == tp_split::vocab_rows ? (static_cast<std::size_t>(128 * tp) - 256 % (128 * tp)) % (128 * tp) * 64 : 0;
+      CHECK(local_total == n * static_cast<std::size_t>(want) + padding);
     }
   }
 }
@@ -124,4 +126,37 @@ TEST_CASE("shape problems: weft's divisibility rules and GPT-2's own, each namin
   m.hidden = 66;
   CHECK(has(shape_problems(m, layout(1, 1, 1)), "--hidden 66 is not divisible by --heads 4"));
   CHECK(gpt_config{12, 768, 12, 50257, 1024, 1024}.parameter_count() == 124'439'808);  // GPT-2 small, as published
+}
+
+TEST_CASE("the embedding is split by vocabulary rows, padded to a multiple of 128 x tp; the padding is in no file") {
+  gpt_config m = shape();
+  m.vocab = 250;  // 256 rows at tp 2 (128 each; rank 1 holds 122 real rows), 512 at tp 4 (rank 2 holds 0)
+  const std::size_t c = 64;
+  for (int tp : {1, 2, 4}) {
+    std::vector<float> whole(250 * c);
+    std::iota(whole.begin(), whole.end(), 1.0f);
+    std::vector<float> rebuilt(whole.size(), 0.0f);
+    const std::size_t per = (tp == 4 ? 512u : 256u) / static_cast<std::size_t>(tp);
+    for (int r = 0; r < tp; ++r) {
+      const auto specs = rank_parameters(m, model_place{.tp_rank = r, .tp = tp});
+      const param_spec& wte = specs.front();
+      REQUIRE(wte.name == "wte.weight");
+      CHECK(wte.split == tp_split::vocab_rows);
+      CHECK(wte.whole == std::vector<std::int64_t>{250, 64});
+      CHECK(wte.local_elements == per * c);
+      std::vector<float> local(wte.local_elements, 0.0f);
+      cut_local(wte, r, tp, whole, local);
+      // Local row i is token r * per + i; padded rows stay zero.
+      for (std::size_t i = 0; i < per; ++i) {
+        const std::size_t token = static_cast<std::size_t>(r) * per + i;
+        INFO("tp " << tp << " rank " << r << " row " << i);
+        REQUIRE(local[i * c] == (token < 250 ? whole[token * c] : 0.0f));
+      }
+      place_local(wte, r, tp, local, rebuilt);
+    }
+    CHECK(rebuilt == whole);
+  }
+  // --make-vocab-size-divisible-by changes the multiple.
+  m.vocab_divisible_by = 1;
+  CHECK(rank_parameters(m, model_place{.tp_rank = 0, .tp = 2}).front().local_elements == 125 * c);
 }
