@@ -23,6 +23,14 @@
 //  - pipeline parallelism: this class computes one (micro-batch, chunk) at a time; the pipeline
 //    executor (weft::pipeline) calls it in the schedule's order and moves the boundary tensors.
 //
+// Activation recomputation (Korthikanti et al. 2022), `shape::recompute`: selective drops each
+// layer's attention core output (attention and its log-sum-exp) after forward and recomputes it
+// from q, k, v in backward; full keeps only each layer's input and reruns the layer's forward
+// (with its tp and cp exchanges) in backward. The recomputation runs the same code on the same
+// inputs, so gradients equal those without it bit for bit. With either, backward adds each
+// layer's parameter gradients right after its input gradient and frees the layer's activations,
+// so one layer's activations at a time are rebuilt (`weight` then adds only the embeddings').
+//
 // Backward comes in two parts, as zero-bubble schedules (ZB-H1) want them: `backward` computes
 // the gradient of the chunk's input (what the previous stage waits for) and keeps what the
 // parameter gradients need; `weight` adds the parameter gradients. Other schedules call both in
@@ -55,6 +63,7 @@
 #include <weft/cp/ring_attention.hpp>
 #include <weft/tp/mappings.hpp>
 #include <weft/tp/vocab_parallel.hpp>
+#include <weft/tune/layout.hpp>
 
 #include "cpu_kernels.hpp"
 #include "gpt_config.hpp"
@@ -86,6 +95,7 @@ class gpt_model {
     bool sequence_parallel = false;
     int micro_batch = 1;  // sequences per micro-batch
     int cp = 1;
+    weft::tune::recompute recompute = weft::tune::recompute::none;
   };
 
   /// `params[i]` and `grads[i]` are this rank's local parts of `specs[i]` (rank_parameters order).
@@ -169,9 +179,12 @@ class gpt_model {
     }
     a.layers.resize(static_cast<std::size_t>(count));
     for (int i = 0; i < count; ++i) {
+      layer_acts& acts = a.layers[static_cast<std::size_t>(i)];
       scope(first + i, scope_event::enter_forward);
-      layer_forward(chunk, first + i, a.layers[static_cast<std::size_t>(i)], x);
+      layer_forward(chunk, first + i, acts, x);
       scope(first + i, scope_event::leave_forward);
+      if (s_.recompute == weft::tune::recompute::selective) free_vectors(acts.attn, acts.lse);
+      if (s_.recompute == weft::tune::recompute::full) free_layer(acts, true);
     }
     if (!s_.place.last_stage(chunk)) {
       std::copy(x.begin(), x.end(), output.begin());
@@ -200,7 +213,8 @@ class gpt_model {
       std::fill(dx.begin(), dx.end(), 0.0f);
       K::layernorm_backward_input(a.head_in.data(), param(chunk, -1, param_role::ln_f_w), a.head_mean.data(),
                                   a.head_rstd.data(), a.head_dln.data(), dx.data(), rows_, c_);
-      if (scoped()) head_backward_weight(a, chunk);
+      if (scoped() || recomputing()) head_backward_weight(a, chunk);
+      if (recomputing() && !scoped() && on_ready_) on_ready_(chunk, head_group);
       scope(head_group, scope_event::leave_backward);
     } else {
       std::copy(output_grad.begin(), output_grad.end(), dx.begin());
@@ -208,9 +222,20 @@ class gpt_model {
     for (int i = count; i-- > 0;) {
       layer_acts& acts = a.layers[static_cast<std::size_t>(i)];
       scope(first + i, scope_event::enter_backward);
+      if (s_.recompute == weft::tune::recompute::full) {
+        std::vector<float>& out = scratch_.recomputed_output;
+        out = acts.x;
+        layer_forward(chunk, first + i, acts, out);
+      } else if (s_.recompute == weft::tune::recompute::selective) {
+        attention_forward(acts);
+      }
       layer_backward_input(chunk, first + i, acts, dx);
-      if (scoped()) layer_backward_weight(chunk, first + i, acts);
+      if (scoped() || recomputing()) layer_backward_weight(chunk, first + i, acts);
       scope(first + i, scope_event::leave_backward);
+      if (recomputing()) {
+        if (!scoped() && on_ready_) on_ready_(chunk, first + i);
+        free_layer(acts, false);
+      }
     }
     if (!s_.place.first_stage(chunk)) std::copy(dx.begin(), dx.end(), input_grad.begin());
     a.input_done = true;
@@ -236,8 +261,8 @@ class gpt_model {
       return;
     }
     const int first = s_.place.first_layer(s_.model, chunk);
-    const int count = s_.place.layers_per_stage(s_.model);
-    if (s_.place.last_stage(chunk)) {
+    const int count = recomputing() ? 0 : s_.place.layers_per_stage(s_.model);  // recomputing: added in backward
+    if (s_.place.last_stage(chunk) && !recomputing()) {
       head_backward_weight(a, chunk);
       if (on_ready_) on_ready_(chunk, head_group);
     }
@@ -273,7 +298,7 @@ class gpt_model {
   };
   /// Per-call temporaries, reused (one micro-batch computes at a time).
   struct scratch {
-    std::vector<float> qkv, proj, mlp, dgelu, dattn, dq, dk, dv, dcol, dcol_local, row_local;
+    std::vector<float> qkv, proj, mlp, dgelu, dattn, dq, dk, dv, dcol, dcol_local, row_local, recomputed_output;
   };
   struct key {
     int chunk, layer;
@@ -308,6 +333,19 @@ class gpt_model {
   }
 
   bool sp() const noexcept { return s_.sequence_parallel && s_.place.tp > 1; }
+  bool recomputing() const noexcept { return s_.recompute != weft::tune::recompute::none; }
+  /// Frees vectors' memory (clear() would keep it: activation sets are pooled).
+  template <class... V>
+  static void free_vectors(V&... v) {
+    (std::vector<float>().swap(v), ...);
+  }
+  /// Frees a layer's activations: all of them, or all but its input (`keep_input`, full recomputation).
+  static void free_layer(layer_acts& a, bool keep_input) {
+    if (!keep_input) free_vectors(a.x);
+    free_vectors(a.ln1, a.ln1_mean, a.ln1_rstd, a.ln1_full, a.q, a.k, a.v, a.attn, a.lse, a.x2, a.ln2, a.ln2_mean,
+                 a.ln2_rstd, a.ln2_full, a.fc, a.gelu, a.dy, a.dmlp_full, a.dfc, a.dln2, a.dx2, a.dproj_full, a.dqkv,
+                 a.dln1);
+  }
   bool scoped() const noexcept { return static_cast<bool>(on_scope_); }
   void scope(int group, scope_event e) {
     if (on_scope_) on_scope_(group, e);

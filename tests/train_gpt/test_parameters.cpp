@@ -10,6 +10,7 @@
 
 #include "gpt_config.hpp"
 #include "parameters.hpp"
+#include "planning.hpp"
 
 using namespace train_gpt;
 
@@ -159,4 +160,48 @@ TEST_CASE("the embedding is split by vocabulary rows, padded to a multiple of 12
   // --make-vocab-size-divisible-by changes the multiple.
   m.vocab_divisible_by = 1;
   CHECK(rank_parameters(m, model_place{.tp_rank = 0, .tp = 2}).front().local_elements == 125 * c);
+}
+
+namespace {
+// Two ranks of a small CPU-like machine (numbers of the order weft-plan --probe measures here).
+weft::tune::measured_hardware two_ranks(double memory_bytes) {
+  weft::tune::measured_hardware hw;
+  hw.name = "test";
+  hw.ranks_per_node = 2;
+  hw.memory_bytes = memory_bytes;
+  hw.memory_bandwidth = 5e9;
+  hw.gemm_peak_flops = 5e10;
+  hw.gemm_half_size = 32;
+  hw.gemm_samples = {{64, 3e10}, {256, 4.5e10}};
+  hw.intra_node = {2e9, 2e9, 2e9, 5e-6};
+  hw.across_nodes = hw.intra_node;
+  hw.p2p_bandwidth = 2e9;
+  hw.p2p_latency = 5e-6;
+  return hw;
+}
+// The least memory any layout of `mode` needs (the search's closest layout when nothing fits).
+double least_memory(const gpt_config& m, weft::tune::recompute mode) {
+  const auto hw = two_ranks(1);
+  weft::tune::search_options o{.top = 1, .software = tuner_software(), .calib = weft::tune::calibration_of(hw)};
+  o.fixed.recompute_mode = mode;
+  const auto r = weft::tune::search(tuner_model(m), weft::tune::cluster_of(hw), {.global_batch = 4}, o);
+  REQUIRE(r.smallest.has_value());
+  return r.smallest->memory.total;
+}
+}  // namespace
+
+TEST_CASE("the tuner is told train_gpt runs selective and full recomputation, so --plan may choose them") {
+  const weft::tune::software_desc sw = tuner_software();
+  CHECK(sw.selective_recompute);
+  gpt_config m{4, 256, 4, 256, 512, 512};  // long sequences: activations dominate the memory
+  const double none = least_memory(m, weft::tune::recompute::none);
+  const double full = least_memory(m, weft::tune::recompute::full);
+  REQUIRE(full < none);
+  // Memory between the two: only recomputation fits, and the plan says so.
+  const double headroom = 1 - weft::tune::calibration_of(two_ranks(1)).memory_headroom;
+  const planned_layout chosen = plan_layout(m, two_ranks((none + full) / 2 / headroom), 4);
+  CHECK(chosen.layout.recompute_mode != weft::tune::recompute::none);
+  CHECK_THAT(chosen.report, Catch::Contains("recompute=full") || Catch::Contains("recompute=selective"));
+  // With memory to spare it keeps every activation (recomputation only costs time).
+  CHECK(plan_layout(m, two_ranks(1e12), 4).layout.recompute_mode == weft::tune::recompute::none);
 }
