@@ -23,6 +23,8 @@ struct gpt_config {
   int vocab = 256;      // vocab_size (byte-level tokens by default)
   int positions = 256;  // n_positions
   int seq = 128;
+  /// The vocabulary is padded to a multiple of this x tp (Megatron's --make-vocab-size-divisible-by).
+  int vocab_divisible_by = 128;
 
   int head_dim() const noexcept { return hidden / heads; }
   /// Parameters of the whole model (the output layer is tied to the token embedding).

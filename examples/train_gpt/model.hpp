@@ -7,11 +7,29 @@
 //    on every tp rank (all-reduce after each row-parallel layer, and of the input gradient
 //    before it); with it, each tp rank keeps a slice of the micro-batch's tokens, gathered
 //    before a column-parallel layer and reduce-scattered after a row-parallel one.
+//  - vocabulary parallelism (Megatron's VocabParallelEmbedding and vocab-parallel
+//    cross-entropy): each tp rank holds a block of the (padded) vocabulary's rows of the tied
+//    embedding. The embedding is each rank's lookup of the tokens in its block, summed over tp;
+//    the output layer computes each rank's columns of the logits, and weft::tp's
+//    vocab_parallel_cross_entropy reduces the row maxima and sums over tp: no rank holds a full
+//    row of logits.
+//  - the loss never keeps [tokens x vocabulary] logits: forward computes the logits a chunk of
+//    rows at a time, turns each chunk into its gradient at once (llm.c's fused classifier, Liger's
+//    fused linear cross-entropy) and adds the output layer's weight and input gradients from it,
+//    so only the [tokens x hidden] input gradient lives until backward.
 //  - context parallelism: each cp rank holds 2 chunks of every sequence (weft::cp's load-balanced
 //    causal split), and attention runs as weft::cp::ring_attention over the cp group with a BLAS
 //    kernel (cpu_kernels.hpp); every other operation is per token.
 //  - pipeline parallelism: this class computes one (micro-batch, chunk) at a time; the pipeline
 //    executor (weft::pipeline) calls it in the schedule's order and moves the boundary tensors.
+//
+// Activation recomputation (Korthikanti et al. 2022), `shape::recompute`: selective drops each
+// layer's attention core output (attention and its log-sum-exp) after forward and recomputes it
+// from q, k, v in backward; full keeps only each layer's input and reruns the layer's forward
+// (with its tp and cp exchanges) in backward. The recomputation runs the same code on the same
+// inputs, so gradients equal those without it bit for bit. With either, backward adds each
+// layer's parameter gradients right after its input gradient and frees the layer's activations,
+// so one layer's activations at a time are rebuilt (`weight` then adds only the embeddings').
 //
 // Backward comes in two parts, as zero-bubble schedules (ZB-H1) want them: `backward` computes
 // the gradient of the chunk's input (what the previous stage waits for) and keeps what the
@@ -44,6 +62,8 @@
 #include <weft/cp/causal_split.hpp>
 #include <weft/cp/ring_attention.hpp>
 #include <weft/tp/mappings.hpp>
+#include <weft/tp/vocab_parallel.hpp>
+#include <weft/tune/layout.hpp>
 
 #include "cpu_kernels.hpp"
 #include "gpt_config.hpp"
@@ -53,11 +73,14 @@ namespace train_gpt {
 
 /// One micro-batch's tokens as this rank sees them: `tokens` and `labels` are the rows this rank
 /// computes at the ends of the model (with sequence parallelism, its slice), `positions` their
-/// positions in the sequence.
+/// positions in the sequence. `all_tokens` and `all_labels` are every row of the cp rank's
+/// micro-batch (every tp rank's slice): what the vocab-parallel embedding and loss see.
 struct micro_batch_tokens {
   std::vector<std::int32_t> tokens;
   std::vector<std::int32_t> labels;
   std::vector<std::int64_t> positions;
+  std::vector<std::int32_t> all_tokens;
+  std::vector<std::int32_t> all_labels;
 };
 
 template <weft::backend B>
@@ -72,6 +95,7 @@ class gpt_model {
     bool sequence_parallel = false;
     int micro_batch = 1;  // sequences per micro-batch
     int cp = 1;
+    weft::tune::recompute recompute = weft::tune::recompute::none;
   };
 
   /// `params[i]` and `grads[i]` are this rank's local parts of `specs[i]` (rank_parameters order).
@@ -87,6 +111,7 @@ class gpt_model {
     tp_size_ = static_cast<std::size_t>(s_.place.tp);
     rows_ = sp() ? n_ / tp_size_ : n_;
     cl_ = c_ / tp_size_;
+    vocab_ = vocab_partition_of(s_.model, s_.place);
   }
 
   void bind(std::vector<std::span<float>> params, std::vector<std::span<float>> grads) {
@@ -147,35 +172,30 @@ class gpt_model {
     x.resize(rows_ * c_);
     if (s_.place.first_stage(chunk)) {
       scope(embedding_group, scope_event::enter_forward);
-      K::embedding_forward(batch.tokens, batch.positions, param(chunk, -1, param_role::wte),
-                           param(chunk, -1, param_role::wpe), x.data(), c_);
+      embedding_forward(chunk, batch, x);
       scope(embedding_group, scope_event::leave_forward);
     } else {
       std::copy(input.begin(), input.end(), x.begin());
     }
     a.layers.resize(static_cast<std::size_t>(count));
     for (int i = 0; i < count; ++i) {
+      layer_acts& acts = a.layers[static_cast<std::size_t>(i)];
       scope(first + i, scope_event::enter_forward);
-      layer_forward(chunk, first + i, a.layers[static_cast<std::size_t>(i)], x);
+      layer_forward(chunk, first + i, acts, x);
       scope(first + i, scope_event::leave_forward);
+      if (s_.recompute == weft::tune::recompute::selective) free_vectors(acts.attn, acts.lse);
+      if (s_.recompute == weft::tune::recompute::full) free_layer(acts, true);
     }
     if (!s_.place.last_stage(chunk)) {
       std::copy(x.begin(), x.end(), output.begin());
       return 0;
     }
-    // The head: final layer norm, logits through the tied embedding, cross-entropy.
-    const std::size_t v = static_cast<std::size_t>(s_.model.vocab);
+    // The head: final layer norm, then the fused vocab-parallel output layer and loss.
     a.head_in.swap(x);
-    a.head_ln.resize(rows_ * c_);
-    a.head_mean.resize(rows_);
-    a.head_rstd.resize(rows_);
-    a.dlogits.resize(rows_ * v);
     scope(head_group, scope_event::enter_forward);
-    K::layernorm_forward(a.head_in.data(), param(chunk, -1, param_role::ln_f_w), param(chunk, -1, param_role::ln_f_b),
-                         a.head_ln.data(), a.head_mean.data(), a.head_rstd.data(), rows_, c_);
-    K::logits_forward(a.head_ln.data(), head_wte(chunk), a.dlogits.data(), rows_, c_, v);
+    const double loss = head_forward(a, chunk, batch, loss_scale);
     scope(head_group, scope_event::leave_forward);
-    return K::cross_entropy(a.dlogits.data(), batch.labels, v, loss_scale);
+    return loss;
   }
 
   /// Drops (mb, chunk)'s activations after a forward pass that has no backward (validation).
@@ -193,14 +213,14 @@ class gpt_model {
     std::vector<float>& dx = a.stream;
     dx.resize(rows_ * c_);
     if (s_.place.last_stage(chunk)) {
-      const std::size_t v = static_cast<std::size_t>(s_.model.vocab);
       scope(head_group, scope_event::enter_backward);
-      a.head_dln.resize(rows_ * c_);
-      K::logits_backward_input(head_wte(chunk), a.dlogits.data(), a.head_dln.data(), rows_, c_, v);
+      // The output layer's input gradient (forward computed each tp rank's part): summed over tp.
+      column_input_grad(a.head_dh, a.head_dln);
       std::fill(dx.begin(), dx.end(), 0.0f);
       K::layernorm_backward_input(a.head_in.data(), param(chunk, -1, param_role::ln_f_w), a.head_mean.data(),
                                   a.head_rstd.data(), a.head_dln.data(), dx.data(), rows_, c_);
-      if (scoped()) head_backward_weight(a, chunk);
+      if (scoped() || recomputing()) head_backward_weight(a, chunk);
+      if (recomputing() && !scoped() && on_ready_) on_ready_(chunk, head_group);
       scope(head_group, scope_event::leave_backward);
     } else {
       std::copy(output_grad.begin(), output_grad.end(), dx.begin());
@@ -208,17 +228,32 @@ class gpt_model {
     for (int i = count; i-- > 0;) {
       layer_acts& acts = a.layers[static_cast<std::size_t>(i)];
       scope(first + i, scope_event::enter_backward);
+      if (s_.recompute == weft::tune::recompute::full) {
+        std::vector<float>& out = scratch_.recomputed_output;
+        out = acts.x;
+        layer_forward(chunk, first + i, acts, out);
+      } else if (s_.recompute == weft::tune::recompute::selective) {
+        attention_forward(acts);
+      }
       layer_backward_input(chunk, first + i, acts, dx);
-      if (scoped()) layer_backward_weight(chunk, first + i, acts);
+      if (scoped() || recomputing()) layer_backward_weight(chunk, first + i, acts);
       scope(first + i, scope_event::leave_backward);
+      if (recomputing()) {
+        if (!scoped() && on_ready_) on_ready_(chunk, first + i);
+        free_layer(acts, false);
+      }
     }
     if (!s_.place.first_stage(chunk)) std::copy(dx.begin(), dx.end(), input_grad.begin());
     a.input_done = true;
-    if (scoped() && s_.place.first_stage(chunk)) {
-      scope(embedding_group, scope_event::enter_backward);
-      K::embedding_backward(a.batch->tokens, a.batch->positions, a.stream.data(), grad(chunk, -1, param_role::wte),
-                            grad(chunk, -1, param_role::wpe), c_);
-      scope(embedding_group, scope_event::leave_backward);
+    if (s_.place.first_stage(chunk)) {
+      // The embedding's output gradient on every row of the micro-batch (what each rank's
+      // vocabulary block needs): gathered with sequence parallelism, a.stream itself without.
+      row_output_grad(a.stream, a.embedding_grad_full);
+      if (scoped()) {
+        scope(embedding_group, scope_event::enter_backward);
+        embedding_backward(chunk, *a.batch, a);
+        scope(embedding_group, scope_event::leave_backward);
+      }
     }
   }
 
@@ -232,8 +267,8 @@ class gpt_model {
       return;
     }
     const int first = s_.place.first_layer(s_.model, chunk);
-    const int count = s_.place.layers_per_stage(s_.model);
-    if (s_.place.last_stage(chunk)) {
+    const int count = recomputing() ? 0 : s_.place.layers_per_stage(s_.model);  // recomputing: added in backward
+    if (s_.place.last_stage(chunk) && !recomputing()) {
       head_backward_weight(a, chunk);
       if (on_ready_) on_ready_(chunk, head_group);
     }
@@ -243,8 +278,7 @@ class gpt_model {
     }
     if (s_.place.first_stage(chunk)) {
       // a.stream holds the gradient of the embeddings' output (backward left it there).
-      K::embedding_backward(batch.tokens, batch.positions, a.stream.data(), grad(chunk, -1, param_role::wte),
-                            grad(chunk, -1, param_role::wpe), c_);
+      embedding_backward(chunk, batch, a);
       if (on_ready_) on_ready_(chunk, embedding_group);
     }
     release(mb, chunk);
@@ -261,13 +295,16 @@ class gpt_model {
   };
   struct activations {
     std::vector<layer_acts> layers;
-    std::vector<float> stream, head_in, head_ln, head_mean, head_rstd, dlogits, head_dln;
+    // head_dh: the output layer's input gradient, this tp rank's part (all the micro-batch's rows);
+    // embedding_grad_full: with sequence parallelism, the embedding's output gradient gathered.
+    std::vector<float> stream, head_in, head_ln, head_mean, head_rstd, head_ln_full, head_dh, head_dln,
+        embedding_grad_full;
     const micro_batch_tokens* batch = nullptr;  // the forward's tokens (alive until weight())
     bool input_done = false;
   };
   /// Per-call temporaries, reused (one micro-batch computes at a time).
   struct scratch {
-    std::vector<float> qkv, proj, mlp, dgelu, dattn, dq, dk, dv, dcol, dcol_local, row_local;
+    std::vector<float> qkv, proj, mlp, dgelu, dattn, dq, dk, dv, dcol, dcol_local, row_local, recomputed_output;
   };
   struct key {
     int chunk, layer;
@@ -302,13 +339,29 @@ class gpt_model {
   }
 
   bool sp() const noexcept { return s_.sequence_parallel && s_.place.tp > 1; }
+  bool recomputing() const noexcept { return s_.recompute != weft::tune::recompute::none; }
+  /// Frees vectors' memory (clear() would keep it: activation sets are pooled).
+  template <class... V>
+  static void free_vectors(V&... v) {
+    (std::vector<float>().swap(v), ...);
+  }
+  /// Frees a layer's activations: all of them, or all but its input (`keep_input`, full recomputation).
+  static void free_layer(layer_acts& a, bool keep_input) {
+    if (!keep_input) free_vectors(a.x);
+    free_vectors(a.ln1, a.ln1_mean, a.ln1_rstd, a.ln1_full, a.q, a.k, a.v, a.attn, a.lse, a.x2, a.ln2, a.ln2_mean,
+                 a.ln2_rstd, a.ln2_full, a.fc, a.gelu, a.dy, a.dmlp_full, a.dfc, a.dln2, a.dx2, a.dproj_full, a.dqkv,
+                 a.dln1);
+  }
   bool scoped() const noexcept { return static_cast<bool>(on_scope_); }
   void scope(int group, scope_event e) {
     if (on_scope_) on_scope_(group, e);
   }
   void head_backward_weight(activations& a, int chunk) {
-    const std::size_t v = static_cast<std::size_t>(s_.model.vocab);
-    K::logits_backward_weight(a.head_ln.data(), a.dlogits.data(), head_wte_grad(chunk), rows_, c_, v);
+    if (scoped()) {  // the output layer's weight gradient, which forward computed outside the scope
+      float* g = head_wte_grad(chunk);
+      for (std::size_t i = 0; i < pending_wte_grad_.size(); ++i) g[i] += pending_wte_grad_[i];
+      pending_wte_grad_.clear();
+    }
     K::layernorm_backward_params(a.head_in.data(), a.head_mean.data(), a.head_rstd.data(), a.head_dln.data(),
                                  grad(chunk, -1, param_role::ln_f_w), grad(chunk, -1, param_role::ln_f_b), rows_, c_);
   }
@@ -325,6 +378,96 @@ class gpt_model {
   int wte_chunk(int chunk) const { return s_.place.pp > 1 ? chunk : 0; }
   const float* head_wte(int chunk) { return param(wte_chunk(chunk), -1, param_role::wte); }
   float* head_wte_grad(int chunk) { return grad(wte_chunk(chunk), -1, param_role::wte); }
+
+  /// The embedding of the rank's rows into `x`: each tp rank looks up the tokens of its
+  /// vocabulary block (zeros for the others) on every row of the micro-batch, the sum over tp
+  /// (reduce_from_tp_region, or reduce-scatter onto the rank's rows with sequence parallelism) is
+  /// the token embedding, and the position embedding is added.
+  void embedding_forward(int chunk, const micro_batch_tokens& batch, std::vector<float>& x) {
+    const float* wte = param(chunk, -1, param_role::wte);
+    const float* wpe = param(chunk, -1, param_role::wpe);
+    if (tp_size_ == 1) {
+      K::embedding_forward(batch.tokens, batch.positions, wte, wpe, x.data(), c_);
+      return;
+    }
+    std::vector<float>& partial = scratch_.proj;
+    partial.assign(n_ * c_, 0.0f);
+    for (std::size_t t = 0; t < n_; ++t)
+      if (vocab_.owns(batch.all_tokens[t]))
+        std::copy_n(wte + (static_cast<std::size_t>(batch.all_tokens[t]) - vocab_.first()) * c_, c_,
+                    partial.data() + t * c_);
+    const std::vector<float>& tokens = row_output(partial, scratch_.row_local);
+    for (std::size_t t = 0; t < rows_; ++t) {
+      const float* p = wpe + static_cast<std::size_t>(batch.positions[t]) * c_;
+      for (std::size_t j = 0; j < c_; ++j) x[t * c_ + j] = tokens[t * c_ + j] + p[j];
+    }
+  }
+  /// The embeddings' gradients from their output's (a.stream: the rank's rows; with sequence
+  /// parallelism a.embedding_grad_full: all rows): the positions' from the rank's rows, each
+  /// vocabulary row's from every row of the micro-batch whose token is in the rank's block.
+  void embedding_backward(int chunk, const micro_batch_tokens& batch, const activations& a) {
+    float* dwte = grad(chunk, -1, param_role::wte);
+    float* dwpe = grad(chunk, -1, param_role::wpe);
+    if (tp_size_ == 1) {
+      K::embedding_backward(batch.tokens, batch.positions, a.stream.data(), dwte, dwpe, c_);
+      return;
+    }
+    for (std::size_t t = 0; t < rows_; ++t) {
+      float* p = dwpe + static_cast<std::size_t>(batch.positions[t]) * c_;
+      for (std::size_t j = 0; j < c_; ++j) p[j] += a.stream[t * c_ + j];
+    }
+    const std::vector<float>& all = sp() ? a.embedding_grad_full : a.stream;
+    for (std::size_t t = 0; t < n_; ++t)
+      if (vocab_.owns(batch.all_tokens[t])) {
+        float* e = dwte + (static_cast<std::size_t>(batch.all_tokens[t]) - vocab_.first()) * c_;
+        for (std::size_t j = 0; j < c_; ++j) e[j] += all[t * c_ + j];
+      }
+  }
+
+  /// The final layer norm, the output layer (this rank's vocabulary columns) and the loss, a
+  /// chunk of rows at a time: each chunk's logits become their gradient at once, which gives the
+  /// output layer's input gradient (a.head_dh, this rank's part) and adds its weight gradient.
+  /// Returns the sum of the losses of the rank's rows.
+  double head_forward(activations& a, int chunk, const micro_batch_tokens& batch, float loss_scale) {
+    a.head_ln.resize(rows_ * c_);
+    a.head_mean.resize(rows_);
+    a.head_rstd.resize(rows_);
+    const std::vector<float>& h =
+        column_input_norm(a.head_in, param(chunk, -1, param_role::ln_f_w), param(chunk, -1, param_role::ln_f_b),
+                          a.head_ln, a.head_mean, a.head_rstd, a.head_ln_full);
+    const float* wte = head_wte(chunk);
+    const std::size_t cols = vocab_.real_rows();
+    float* dwte = head_wte_grad_target(chunk, cols);
+    a.head_dh.resize(n_ * c_);
+    row_losses_.resize(n_);
+    // Rows per chunk from the padded block (the same on every tp rank, so their collectives pair up).
+    const std::size_t chunk_rows = std::clamp<std::size_t>(logits_chunk_elements / vocab_.per_rank, 1, n_);
+    for (std::size_t r0 = 0; r0 < n_; r0 += chunk_rows) {
+      const std::size_t k = std::min(chunk_rows, n_ - r0);
+      logits_.resize(k * cols);
+      if (cols > 0) K::logits_forward(h.data() + r0 * c_, wte, logits_.data(), k, c_, cols);
+      weft::tp::vocab_parallel_cross_entropy<B>(
+          tp_, vocab_, std::span<float>(logits_), std::span<const std::int32_t>(batch.all_labels).subspan(r0, k),
+          loss_scale, std::span<double>(row_losses_).subspan(r0, k), [](float v) { return detail::fast_exp(v); });
+      if (cols == 0) {
+        std::fill_n(a.head_dh.data() + r0 * c_, k * c_, 0.0f);
+        continue;
+      }
+      K::logits_backward_input(wte, logits_.data(), a.head_dh.data() + r0 * c_, k, c_, cols);
+      K::logits_backward_weight(h.data() + r0 * c_, logits_.data(), dwte, k, c_, cols);
+    }
+    const auto [first, count] = row_range();
+    double loss = 0;
+    for (std::size_t t = first; t < first + count; ++t) loss += row_losses_[t];
+    return loss;
+  }
+  /// Where forward adds the output layer's weight gradient: the gradient itself, or (when
+  /// gradients exist only inside a scope) a buffer that the head's backward adds in.
+  float* head_wte_grad_target(int chunk, std::size_t rows) {
+    if (!scoped()) return head_wte_grad(chunk);
+    if (pending_wte_grad_.empty()) pending_wte_grad_.assign(rows * c_, 0.0f);
+    return pending_wte_grad_.data();
+  }
 
   template <class F>
   void exchange(const char* name, F&& f) {
@@ -402,6 +545,20 @@ class gpt_model {
     return full;
   }
 
+  /// The attention core: a.attn and a.lse from a.q, a.k, a.v (ring attention over cp).
+  void attention_forward(layer_acts& a) {
+    const std::size_t cl = cl_, n = n_;
+    a.attn.resize(n * cl);
+    const std::size_t heads = static_cast<std::size_t>(s_.model.heads) / tp_size_;
+    a.lse.resize(n * heads);
+    for (std::size_t b = 0; b < static_cast<std::size_t>(s_.micro_batch); ++b) {
+      const std::size_t o = b * t_ * cl, w = t_ * cl;
+      attention_.template forward<float>(std::span<const float>(a.q).subspan(o, w), std::span<const float>(a.k).subspan(o, w),
+                                         std::span<const float>(a.v).subspan(o, w), std::span<float>(a.attn).subspan(o, w),
+                                         std::span<float>(a.lse).subspan(b * t_ * heads, t_ * heads));
+    }
+  }
+
   /// One transformer block; `x` is the residual stream in (kept in a.x) and out.
   void layer_forward(int chunk, int layer, layer_acts& a, std::vector<float>& x) {
     const std::size_t c = c_, cl = cl_, n = n_, rows = rows_;
@@ -423,15 +580,7 @@ class gpt_model {
       std::copy_n(qkv.data() + i * 3 * cl + cl, cl, a.k.data() + i * cl);
       std::copy_n(qkv.data() + i * 3 * cl + 2 * cl, cl, a.v.data() + i * cl);
     }
-    a.attn.resize(n * cl);
-    const std::size_t heads = static_cast<std::size_t>(s_.model.heads) / tp_size_;
-    a.lse.resize(n * heads);
-    for (std::size_t b = 0; b < static_cast<std::size_t>(s_.micro_batch); ++b) {
-      const std::size_t o = b * t_ * cl, w = t_ * cl;
-      attention_.template forward<float>(std::span<const float>(a.q).subspan(o, w), std::span<const float>(a.k).subspan(o, w),
-                                         std::span<const float>(a.v).subspan(o, w), std::span<float>(a.attn).subspan(o, w),
-                                         std::span<float>(a.lse).subspan(b * t_ * heads, t_ * heads));
-    }
+    attention_forward(a);
     std::vector<float>& proj = scratch_.proj;
     proj.resize(n * c);
     K::linear_forward(a.attn.data(), param(chunk, layer, param_role::attn_proj_w), {}, proj.data(), n, cl, c);
@@ -538,6 +687,11 @@ class gpt_model {
   std::map<std::pair<int, int>, std::unique_ptr<activations>> live_;
   std::vector<std::unique_ptr<activations>> pool_;
   scratch scratch_;
+  weft::tp::vocab_partition vocab_;
+  /// The logits of one chunk of rows (this rank's vocabulary columns), turned into their gradient.
+  static constexpr std::size_t logits_chunk_elements = std::size_t{1} << 22;
+  std::vector<float> logits_, pending_wte_grad_;
+  std::vector<double> row_losses_;
   std::size_t c_ = 0, cl_ = 0, t_ = 0, n_ = 0, rows_ = 0, tp_size_ = 1;
   double exchange_seconds_ = 0;
   std::function<void(const char*, std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point)>

@@ -25,6 +25,9 @@ model
                          (default small); the flags below override its fields
   --layers N --hidden N --heads N --vocab N --positions N
   --seq N                tokens per training sequence (at most --positions)
+  --make-vocab-size-divisible-by N   the vocabulary is padded to a multiple of N x tp (default 128,
+                         Megatron's): each tp rank holds an equal block of the embedding's rows; the
+                         padding is never trained nor saved (checkpoints keep the true vocabulary)
   --init-from FILE       shape from FILE's metadata (GPT-2 config names) and weights from FILE
 run
   --steps N              optimizer steps in all, counted from step 0: a run resumed at step S trains
@@ -43,6 +46,9 @@ layout (degrees multiply to the ranks; dp defaults to ranks / (tp pp cp))
   --schedule KIND        gpipe, 1f1b (default), interleaved (needs --vp > 1) or zb-h1 (weight gradients
                          deferred into the bubble)
   --sequence-parallel    with tp > 1: layer norms and dropout-free regions on sequence slices
+  --recompute MODE       activation recomputation: none (default), selective (the attention core is
+                         recomputed in backward) or full (each layer's input is kept and its forward rerun
+                         in backward); gradients equal none's bit for bit; not with --schedule zb-h1
   --micro-batch N        sequences per micro-batch (default 1)
   --global-batch N       sequences per optimizer step over all ranks (default dp x micro-batch);
                          micro-batches per step = global / (dp x micro-batch) (gradient accumulation)
@@ -57,7 +63,7 @@ layout (degrees multiply to the ranks; dp defaults to ranks / (tp pp cp))
   --hardware FILE        a description of these ranks measured by `weft-plan --probe FILE` (same launch):
                          each step also reports the tuner's predicted step time for the layout
   --plan                 with --hardware: the tuner picks the layout (degrees, virtual stages, micro-batch,
-                         sequence parallelism, sharding) for the ranks given and prints why
+                         sequence parallelism, sharding, recomputation) for the ranks given and prints why
 checkpoints and checks
   --save FILE            write the model to FILE (safetensors, GPT-2 names) and the optimizer state and
                          data position to FILE's name + ".optimizer" (asynchronously; atomic rename)
@@ -77,6 +83,7 @@ struct options {
   gpt_config model = *named_model("small");
   std::string model_name = "small";
   std::optional<std::string> init_from;
+  int vocab_divisible_by = 128;  // --make-vocab-size-divisible-by
   int steps = 20;
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
   int warmup = 0;
@@ -87,6 +94,7 @@ struct options {
   int tp = 1, pp = 1, dp = 0, cp = 1, vp = 1;
   std::string schedule = "1f1b";
   bool sequence_parallel = false;
+  weft::tune::recompute recompute = weft::tune::recompute::none;
   int micro_batch = 1;
   int global_batch = 0;
   bool global_batch_given = false;  // --global-batch was on the command line (a resume may then change it)
@@ -99,7 +107,7 @@ struct options {
   double bucket_mb = 0;  // 0: the synchronizer measures its cap
   std::optional<std::string> save, resume, dump_grads, log_json, trace, hardware;
   bool plan = false;
-  bool layout_flags = false;  // any of --tp --pp --dp --cp --vp --micro-batch --sequence-parallel --zero1 --schedule
+  bool layout_flags = false;  // any of --tp --pp --dp --cp --vp --micro-batch --sequence-parallel --zero1 --schedule --recompute
   int save_every = 0;
   bool quiet = false;
   std::optional<std::chrono::milliseconds> comm_timeout;
@@ -142,6 +150,7 @@ inline options parse_options(int argc, char** argv) {
              flag == "--positions" || flag == "--seq")
       fields.emplace_back(std::string(flag), value());
     else if (flag == "--init-from") o.init_from = value();
+    else if (flag == "--make-vocab-size-divisible-by") o.vocab_divisible_by = integer(1, 1 << 20);
     else if (flag == "--steps") o.steps = integer(1, 100'000'000);
     else if (flag == "--lr") o.lr = real(0, 10);
     else if (flag == "--warmup") o.warmup = integer(0, 100'000'000);
@@ -169,6 +178,14 @@ inline options parse_options(int argc, char** argv) {
     else if (flag == "--vp") o.vp = integer(1, 1 << 10);
     else if (flag == "--schedule") o.schedule = value();
     else if (flag == "--sequence-parallel") o.sequence_parallel = true;
+    else if (flag == "--recompute") {
+      const std::string mode = value();
+      const auto parsed = weft::tune::parse_recompute(mode);
+      if (!parsed)
+        throw usage_error("--recompute '" + mode + "' is not a mode train_gpt runs: use none, selective or full" +
+                          weft_programs::did_you_mean(mode, weft_programs::listed_words("none, selective, full")));
+      o.recompute = *parsed;
+    }
     else if (flag == "--micro-batch") o.micro_batch = integer(1, 1 << 20);
     else if (flag == "--global-batch") o.global_batch = integer(1, 1 << 30), o.global_batch_given = true;
     else if (flag == "--zero1") o.zero1 = true, zero1_flag = true;
@@ -200,11 +217,11 @@ inline options parse_options(int argc, char** argv) {
   }
   for (int i = 1; i < argc; ++i)
     for (std::string_view f : {"--tp", "--pp", "--dp", "--cp", "--vp", "--micro-batch", "--sequence-parallel", "--zero1",
-                               "--schedule", "--sharding"})
+                               "--schedule", "--sharding", "--recompute"})
       if (argv[i] == f) o.layout_flags = true;
   if (o.plan && o.layout_flags)
     throw usage_error("--plan chooses the layout: drop --tp --pp --dp --cp --vp --micro-batch --sequence-parallel "
-                      "--zero1 --sharding --schedule, or drop --plan to give them yourself");
+                      "--zero1 --sharding --schedule --recompute, or drop --plan to give them yourself");
   if (o.plan && !o.hardware)
     throw usage_error("--plan needs --hardware FILE, a description of these ranks: measure it first with "
                       "`weft-plan --probe FILE` under the same launcher and ranks");
@@ -244,6 +261,7 @@ inline options parse_options(int argc, char** argv) {
     else o.model.seq = v;
     o.model_flags.push_back(flag);
   }
+  o.model.vocab_divisible_by = o.vocab_divisible_by;
   if (o.schedule != "gpipe" && o.schedule != "1f1b" && o.schedule != "interleaved" && o.schedule != "zb-h1")
     throw usage_error("--schedule '" + o.schedule + "' is not one train_gpt runs: use gpipe, 1f1b, interleaved or zb-h1" +
                       weft_programs::did_you_mean(o.schedule, weft_programs::listed_words("gpipe, 1f1b, interleaved, zb-h1")));

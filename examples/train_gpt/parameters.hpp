@@ -5,7 +5,9 @@
 // Names and whole shapes are Hugging Face GPT-2's; linear weights are (in, out) as its Conv1D
 // stores them. Tensor parallelism (Megatron) splits c_attn and c_fc by output columns (c_attn
 // per head, so each of q, k, v keeps the rank's heads), c_proj by input rows, and replicates the
-// rest. Pipeline parallelism gives virtual stage s = chunk * pp + pp_rank the layers
+// rest; the token embedding (and the tied output layer) is split by vocabulary rows
+// (weft::tp::partition_vocab: Megatron's padding to a multiple of 128 x tp, the padded rows
+// zero, never in a checkpoint). Pipeline parallelism gives virtual stage s = chunk * pp + pp_rank the layers
 // [s * L / (pp * vp), (s + 1) * L / (pp * vp)); the first virtual stage holds the embeddings, the
 // last the final layer norm and, with pp > 1, its own copy of the tied token embedding.
 
@@ -14,6 +16,8 @@
 #include <span>
 #include <string>
 #include <vector>
+
+#include <weft/tp/vocab_parallel.hpp>
 
 #include "gpt_config.hpp"
 
@@ -24,6 +28,7 @@ enum class tp_split {
   replicated,  ///< the whole tensor on every tp rank
   columns,     ///< the last dimension, in `blocks` equal blocks each split over tp (q|k|v: 3)
   rows,        ///< the first dimension
+  vocab_rows,  ///< the first dimension, padded by weft::tp::partition_vocab (the whole tensor has the true rows)
 };
 
 enum class param_role : std::uint8_t {
@@ -40,6 +45,7 @@ struct param_spec {
   tp_split split = tp_split::replicated;
   int blocks = 1;
   std::size_t local_elements = 0;     // on this rank
+  std::int64_t padded_rows = 0;       // vocab_rows: the padded first dimension
   bool decay = false;                 // AdamW weight decay: matrices and embeddings, not biases and norms
 };
 
@@ -61,6 +67,12 @@ struct model_place {
   int first_layer(const gpt_config& m, int chunk) const noexcept { return virtual_stage(chunk) * layers_per_stage(m); }
 };
 
+/// This rank's block of the vocabulary: the rows of wte it holds.
+inline weft::tp::vocab_partition vocab_partition_of(const gpt_config& m, const model_place& at) {
+  return weft::tp::partition_vocab(static_cast<std::size_t>(m.vocab), at.tp, at.tp_rank,
+                                   static_cast<std::size_t>(m.vocab_divisible_by));
+}
+
 /// The parameters this rank holds, in forward order (chunk by chunk): the order gradients are
 /// registered with the synchronizer and buckets are planned in.
 inline std::vector<param_spec> rank_parameters(const gpt_config& m, const model_place& at) {
@@ -68,9 +80,14 @@ inline std::vector<param_spec> rank_parameters(const gpt_config& m, const model_
   const std::int64_t c = m.hidden;
   auto add = [&](std::string name, param_role role, int layer, int chunk, std::vector<std::int64_t> whole,
                  tp_split split, int blocks = 1) {
-    param_spec p{std::move(name), role, layer, chunk, std::move(whole), split, blocks, 0, false};
+    param_spec p{std::move(name), role, layer, chunk, std::move(whole), split, blocks, 0, 0, false};
     std::int64_t n = elements_of(p.whole);
-    if (split != tp_split::replicated) n /= at.tp;
+    if (split == tp_split::vocab_rows) {
+      p.padded_rows = static_cast<std::int64_t>(vocab_partition_of(m, at).padded);
+      n = p.padded_rows / at.tp * c;
+    } else if (split != tp_split::replicated) {
+      n /= at.tp;
+    }
     p.local_elements = static_cast<std::size_t>(n);
     p.decay = p.whole.size() == 2;
     out.push_back(std::move(p));
@@ -78,10 +95,10 @@ inline std::vector<param_spec> rank_parameters(const gpt_config& m, const model_
   // The last stage's copy of the tied embedding comes first: its gradient is final only after the
   // whole pipeline step (it is summed with the first stage's), so it belongs in the last bucket.
   if (at.pp > 1 && at.last_stage(at.vp - 1))
-    add("wte.weight", param_role::wte, -1, at.vp - 1, {m.vocab, c}, tp_split::replicated);
+    add("wte.weight", param_role::wte, -1, at.vp - 1, {m.vocab, c}, tp_split::vocab_rows);
   for (int chunk = 0; chunk < at.vp; ++chunk) {
     if (at.first_stage(chunk)) {
-      add("wte.weight", param_role::wte, -1, chunk, {m.vocab, c}, tp_split::replicated);
+      add("wte.weight", param_role::wte, -1, chunk, {m.vocab, c}, tp_split::vocab_rows);
       add("wpe.weight", param_role::wpe, -1, chunk, {m.positions, c}, tp_split::replicated);
     }
     const int first = at.first_layer(m, chunk);
@@ -122,6 +139,16 @@ void for_each_local_run(const param_spec& p, int tp_rank, int tp, Copy&& copy) {
       const std::size_t rows = static_cast<std::size_t>(p.whole[0]) / static_cast<std::size_t>(tp);
       const std::size_t row = whole / static_cast<std::size_t>(p.whole[0]);
       copy(static_cast<std::size_t>(tp_rank) * rows * row, std::size_t{0}, rows * row);
+      return;
+    }
+    case tp_split::vocab_rows: {  // the real rows of the rank's block; its padding has no whole elements
+      const std::size_t row = whole / static_cast<std::size_t>(p.whole[0]);
+      const weft::tp::vocab_partition part{.vocab = static_cast<std::size_t>(p.whole[0]),
+                                           .padded = static_cast<std::size_t>(p.padded_rows),
+                                           .per_rank = static_cast<std::size_t>(p.padded_rows) / static_cast<std::size_t>(tp),
+                                           .tp = tp,
+                                           .rank = tp_rank};
+      if (part.real_rows() > 0) copy(part.first() * row, std::size_t{0}, part.real_rows() * row);
       return;
     }
     case tp_split::columns: {

@@ -21,8 +21,9 @@ inline weft::tune::model_desc tuner_model(const gpt_config& m) {
 
 /// What train_gpt can run: sequence, context and interleaved pipeline parallelism, gradient
 /// reduction overlapped with backward, ZeRO-1 with any layout and ZeRO-2/3 without pipeline
-/// stages, no recomputation; attention skips the masked half of the causal scores; float32
-/// gradients.
+/// stages, selective and full recomputation (--recompute); attention skips the masked half of
+/// the causal scores and never stores them (so the tuner weighs selective recomputation only
+/// when asked for it); float32 gradients.
 inline weft::tune::software_desc tuner_software() {
   return {.flash_attention = true,
           .sequence_parallel = true,
@@ -32,7 +33,7 @@ inline weft::tune::software_desc tuner_software() {
           .overlap_tp = false,
           .max_sharding = weft::tune::sharding::full,
           .sharding_with_pipeline = false,
-          .selective_recompute = false,
+          .selective_recompute = true,
           .gradient_bytes = 4};
 }
 
@@ -55,7 +56,6 @@ inline planned_layout plan_layout(const gpt_config& m, const weft::tune::measure
   const cluster_desc cluster = cluster_of(hw);
   const job_desc job{.global_batch = global_batch};
   search_options options{.top = 5, .software = tuner_software(), .calib = calibration_of(hw)};
-  options.fixed.recompute_mode = recompute::none;
   const search_result result = search(model, cluster, job, options);
   if (result.plans.empty())
     weft::fail("--plan: no layout of " + std::to_string(gpu_count(cluster)) + " ranks fits this model with a global batch of " +

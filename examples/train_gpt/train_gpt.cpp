@@ -60,6 +60,7 @@ train_gpt::gpt_config model_shape(const train_gpt::options& o) {
       throw input_error(flag + " " + std::to_string(given) + " disagrees with '" + *o.init_from + "', whose model has " +
                         std::to_string(file) + ": drop the flag to take the file's shape");
   }
+  m.vocab_divisible_by = o.vocab_divisible_by;  // padding is the run's, not the file's (files hold the true vocabulary)
   return m;
 }
 
@@ -98,6 +99,7 @@ int run(const train_gpt::options& o) {
       run_options.dp = c.parallel.dp, run_options.vp = c.parallel.virtual_stages;
       run_options.micro_batch = c.micro_batch, run_options.sequence_parallel = c.sequence_parallel;
       run_options.sharding = c.sharding_mode;
+      run_options.recompute = c.recompute_mode;
       run_options.zero1 = c.sharding_mode == weft::tune::sharding::optimizer;
       run_options.schedule = run_options.vp > 1 ? "interleaved" : "1f1b";
       run_options.global_batch = global_batch;
@@ -119,11 +121,14 @@ int run(const train_gpt::options& o) {
   if (val_data) trainer.set_validation(*val_data);
   if (world.rank() == 0)
     std::printf("train_gpt: %d layers, hidden %d, %d heads, vocab %d, seq %d (%.2f M parameters) on %d ranks: tp %d "
-                "pp %d dp %d cp %d%s%s%s, %s schedule, global batch %d = %d micro-batch(es) of %d per dp rank\n",
+                "pp %d dp %d cp %d%s%s%s%s, %s schedule, global batch %d = %d micro-batch(es) of %d per dp rank\n",
                 m.layers, m.hidden, m.heads, m.vocab, m.seq, static_cast<double>(m.parameter_count()) / 1e6,
                 world.size(), layout.degrees().tp, layout.degrees().pp, layout.degrees().dp, layout.degrees().cp,
                 layout.degrees().virtual_stages > 1 ? (" vp " + std::to_string(layout.degrees().virtual_stages)).c_str() : "",
                 layout.sequence_parallel() ? " +sp" : "", train_gpt::sharding_text(run_options).c_str(),
+                run_options.recompute == weft::tune::recompute::none
+                    ? ""
+                    : (" +recompute " + std::string(weft::tune::to_string(run_options.recompute))).c_str(),
                 run_options.schedule.c_str(), layout.global_batch, layout.micro_batches,
                 layout.choice.micro_batch);
   if (predicted && world.rank() == 0)

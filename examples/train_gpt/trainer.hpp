@@ -87,6 +87,10 @@ inline run_layout resolve_layout(weft::tune::layout_choice choice, int global_ba
     throw input_error("the interleaved schedule runs micro-batches in groups of pp: " + std::to_string(r.micro_batches) +
                       " micro-batches per step (global batch / (dp x micro-batch)) is not a multiple of --pp " +
                       std::to_string(d.pp) + "; change --global-batch or --micro-batch");
+  if (choice.recompute_mode != weft::tune::recompute::none && schedule == "zb-h1")
+    throw input_error("--recompute " + std::string(weft::tune::to_string(choice.recompute_mode)) +
+                      " frees each layer's activations once its gradients are added in backward, but --schedule "
+                      "zb-h1 defers the weight gradients, which need them: use another schedule or --recompute none");
   const bool fully_sharded = runs_fully_sharded(choice.sharding_mode);
   if (fully_sharded && d.pp > 1)
     throw input_error("--sharding zero2, zero3 and hsdp run with --pp 1: each micro-batch runs the units (one per "
@@ -112,6 +116,7 @@ inline weft::tune::layout_choice layout_from_flags(const options& o) {
   c.micro_batch = o.micro_batch;
   c.sequence_parallel = o.sequence_parallel;
   c.sharding_mode = o.sharding;
+  c.recompute_mode = o.recompute;
   return c;
 }
 
@@ -177,7 +182,7 @@ class trainer {
                .vp = r.degrees().virtual_stages},
         specs_(rank_parameters(m_, place_)),
         model_({.model = m_, .place = place_, .sequence_parallel = r.sequence_parallel(),
-                .micro_batch = r.choice.micro_batch, .cp = r.degrees().cp},
+                .micro_batch = r.choice.micro_batch, .cp = r.degrees().cp, .recompute = r.choice.recompute_mode},
                specs_, groups_.tp(), groups_.cp()),
         trace_(o_.trace.has_value()), index_(m_) {
     own_ = {.tp_rank = coords_.tp, .tp = r.degrees().tp, .data_leader = coords_.dp == 0 && coords_.cp == 0};
@@ -554,12 +559,15 @@ class trainer {
     const std::size_t seq1 = static_cast<std::size_t>(m_.seq) + 1;
     for (int mb = 0; mb < r_.micro_batches; ++mb) {
       micro_batch_tokens& b = batches[static_cast<std::size_t>(mb)];
-      b.tokens.clear(), b.labels.clear(), b.positions.clear();
+      b.tokens.clear(), b.labels.clear(), b.positions.clear(), b.all_tokens.clear(), b.all_labels.clear();
       // Row i of the micro-batch is token positions[i % local] of its sequence i / local.
       const std::size_t local = positions.size();
-      for (std::size_t i = row_first; i < row_first + row_count; ++i) {
+      for (std::size_t i = 0; i < static_cast<std::size_t>(r_.choice.micro_batch) * local; ++i) {
         const std::int32_t* seq = slice.data() + (static_cast<std::size_t>(mb * r_.choice.micro_batch) + i / local) * seq1;
         const std::int64_t p = positions[i % local];
+        b.all_tokens.push_back(seq[p]);
+        b.all_labels.push_back(seq[p + 1]);
+        if (i < row_first || i >= row_first + row_count) continue;
         b.tokens.push_back(seq[p]);
         b.labels.push_back(seq[p + 1]);
         b.positions.push_back(p);

@@ -49,6 +49,7 @@
 #include <weft/tp/linear.hpp>
 #include <weft/tp/mappings.hpp>
 #include <weft/tp/tensor_view.hpp>
+#include <weft/tp/vocab_parallel.hpp>
 #include <weft/tune/cost_model.hpp>
 #include <weft/tune/hardware.hpp>
 #include <weft/tune/hardware_file.hpp>

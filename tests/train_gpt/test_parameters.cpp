@@ -10,6 +10,7 @@
 
 #include "gpt_config.hpp"
 #include "parameters.hpp"
+#include "planning.hpp"
 
 using namespace train_gpt;
 
@@ -37,7 +38,9 @@ TEST_CASE("every whole element is held by exactly one tp rank, or by all of them
       const int want = whole_spec.split == tp_split::replicated ? tp : 1;
       INFO(whole_spec.name << " tp " << tp);
       CHECK(std::all_of(held.begin(), held.end(), [&](int h) { return h == want; }));
-      CHECK(local_total == n * static_cast<std::size_t>(want));
+      // The embedding's blocks also hold the padding: 256 tokens padded to a multiple of 128 x tp.
+      const std::size_t padding = whole_spec.split == tp_split::vocab_rows ? (static_cast<std::size_t>(128 * tp) - 256 % (128 * tp)) % (128 * tp) * 64 : 0;
+      CHECK(local_total == n * static_cast<std::size_t>(want) + padding);
     }
   }
 }
@@ -124,4 +127,81 @@ TEST_CASE("shape problems: weft's divisibility rules and GPT-2's own, each namin
   m.hidden = 66;
   CHECK(has(shape_problems(m, layout(1, 1, 1)), "--hidden 66 is not divisible by --heads 4"));
   CHECK(gpt_config{12, 768, 12, 50257, 1024, 1024}.parameter_count() == 124'439'808);  // GPT-2 small, as published
+}
+
+TEST_CASE("the embedding is split by vocabulary rows, padded to a multiple of 128 x tp; the padding is in no file") {
+  gpt_config m = shape();
+  m.vocab = 250;  // 256 rows at tp 2 (128 each; rank 1 holds 122 real rows), 512 at tp 4 (rank 2 holds 0)
+  const std::size_t c = 64;
+  for (int tp : {1, 2, 4}) {
+    std::vector<float> whole(250 * c);
+    std::iota(whole.begin(), whole.end(), 1.0f);
+    std::vector<float> rebuilt(whole.size(), 0.0f);
+    const std::size_t per = (tp == 4 ? 512u : 256u) / static_cast<std::size_t>(tp);
+    for (int r = 0; r < tp; ++r) {
+      const auto specs = rank_parameters(m, model_place{.tp_rank = r, .tp = tp});
+      const param_spec& wte = specs.front();
+      REQUIRE(wte.name == "wte.weight");
+      CHECK(wte.split == tp_split::vocab_rows);
+      CHECK(wte.whole == std::vector<std::int64_t>{250, 64});
+      CHECK(wte.local_elements == per * c);
+      std::vector<float> local(wte.local_elements, 0.0f);
+      cut_local(wte, r, tp, whole, local);
+      // Local row i is token r * per + i; padded rows stay zero.
+      for (std::size_t i = 0; i < per; ++i) {
+        const std::size_t token = static_cast<std::size_t>(r) * per + i;
+        INFO("tp " << tp << " rank " << r << " row " << i);
+        REQUIRE(local[i * c] == (token < 250 ? whole[token * c] : 0.0f));
+      }
+      place_local(wte, r, tp, local, rebuilt);
+    }
+    CHECK(rebuilt == whole);
+  }
+  // --make-vocab-size-divisible-by changes the multiple.
+  m.vocab_divisible_by = 1;
+  CHECK(rank_parameters(m, model_place{.tp_rank = 0, .tp = 2}).front().local_elements == 125 * c);
+}
+
+namespace {
+// Two ranks of a small CPU-like machine (numbers of the order weft-plan --probe measures here).
+weft::tune::measured_hardware two_ranks(double memory_bytes) {
+  weft::tune::measured_hardware hw;
+  hw.name = "test";
+  hw.ranks_per_node = 2;
+  hw.memory_bytes = memory_bytes;
+  hw.memory_bandwidth = 5e9;
+  hw.gemm_peak_flops = 5e10;
+  hw.gemm_half_size = 32;
+  hw.gemm_samples = {{64, 3e10}, {256, 4.5e10}};
+  hw.intra_node = {2e9, 2e9, 2e9, 5e-6};
+  hw.across_nodes = hw.intra_node;
+  hw.p2p_bandwidth = 2e9;
+  hw.p2p_latency = 5e-6;
+  return hw;
+}
+// The least memory any layout of `mode` needs (the search's closest layout when nothing fits).
+double least_memory(const gpt_config& m, weft::tune::recompute mode) {
+  const auto hw = two_ranks(1);
+  weft::tune::search_options o{.top = 1, .software = tuner_software(), .calib = weft::tune::calibration_of(hw)};
+  o.fixed.recompute_mode = mode;
+  const auto r = weft::tune::search(tuner_model(m), weft::tune::cluster_of(hw), {.global_batch = 4}, o);
+  REQUIRE(r.smallest.has_value());
+  return r.smallest->memory.total;
+}
+}  // namespace
+
+TEST_CASE("the tuner is told train_gpt runs selective and full recomputation, so --plan may choose them") {
+  const weft::tune::software_desc sw = tuner_software();
+  CHECK(sw.selective_recompute);
+  gpt_config m{4, 256, 4, 256, 512, 512};  // long sequences: activations dominate the memory
+  const double none = least_memory(m, weft::tune::recompute::none);
+  const double full = least_memory(m, weft::tune::recompute::full);
+  REQUIRE(full < none);
+  // Memory between the two: only recomputation fits, and the plan says so.
+  const double headroom = 1 - weft::tune::calibration_of(two_ranks(1)).memory_headroom;
+  const planned_layout chosen = plan_layout(m, two_ranks((none + full) / 2 / headroom), 4);
+  CHECK(chosen.layout.recompute_mode != weft::tune::recompute::none);
+  CHECK_THAT(chosen.report, Catch::Contains("recompute=full") || Catch::Contains("recompute=selective"));
+  // With memory to spare it keeps every activation (recomputation only costs time).
+  CHECK(plan_layout(m, two_ranks(1e12), 4).layout.recompute_mode == weft::tune::recompute::none);
 }

@@ -111,6 +111,10 @@ def main():
         at = flags.index("--layers")
         L = int(flags[at + 1])
         del flags[at:at + 2]
+    if "--vocab" in flags:  # the weights' vocabulary (one that tp's padding must extend, such as 250)
+        at = flags.index("--vocab")
+        V = int(flags[at + 1])
+        del flags[at:at + 2]
     with tempfile.TemporaryDirectory() as tmp:
         weights_path = os.path.join(tmp, "weights.safetensors")
         dump_path = os.path.join(tmp, "grads.safetensors")
