@@ -173,7 +173,7 @@ weft::tune::measured_hardware two_ranks(double memory_bytes) {
   hw.gemm_peak_flops = 5e10;
   hw.gemm_half_size = 32;
   hw.gemm_samples = {{64, 3e10}, {256, 4.5e10}};
-  hw.intra_node = {2e9, 2e9, 2e9, 5e-6};
+  hw.intra_node = {2e9, 2e9, 2e9, 5e-6, {}};
   hw.across_nodes = hw.intra_node;
   hw.p2p_bandwidth = 2e9;
   hw.p2p_latency = 5e-6;
