@@ -162,8 +162,10 @@ class gpt_model {
   /// and the tokens are embedded; on the last, `output` is empty and the loss is computed with
   /// `loss_scale` (1 / tokens of the global batch): the sum of this rank's rows' losses is
   /// returned (0 elsewhere).
+  /// `with_gradients` false: a forward pass with no backward (validation), whose loss must not
+  /// add the output layer's gradients (the fused head computes them in forward).
   double forward(int mb, int chunk, const micro_batch_tokens& batch, std::span<const float> input,
-                 std::span<float> output, float loss_scale) {
+                 std::span<float> output, float loss_scale, bool with_gradients = true) {
     activations& a = acquire(mb, chunk);
     a.batch = &batch;
     const int first = s_.place.first_layer(s_.model, chunk);
@@ -193,7 +195,7 @@ class gpt_model {
     // The head: final layer norm, then the fused vocab-parallel output layer and loss.
     a.head_in.swap(x);
     scope(head_group, scope_event::enter_forward);
-    const double loss = head_forward(a, chunk, batch, loss_scale);
+    const double loss = head_forward(a, chunk, batch, loss_scale, with_gradients);
     scope(head_group, scope_event::leave_forward);
     return loss;
   }
@@ -428,7 +430,8 @@ class gpt_model {
   /// chunk of rows at a time: each chunk's logits become their gradient at once, which gives the
   /// output layer's input gradient (a.head_dh, this rank's part) and adds its weight gradient.
   /// Returns the sum of the losses of the rank's rows.
-  double head_forward(activations& a, int chunk, const micro_batch_tokens& batch, float loss_scale) {
+  double head_forward(activations& a, int chunk, const micro_batch_tokens& batch, float loss_scale,
+                      bool with_gradients) {
     a.head_ln.resize(rows_ * c_);
     a.head_mean.resize(rows_);
     a.head_rstd.resize(rows_);
@@ -437,7 +440,7 @@ class gpt_model {
                           a.head_ln, a.head_mean, a.head_rstd, a.head_ln_full);
     const float* wte = head_wte(chunk);
     const std::size_t cols = vocab_.real_rows();
-    float* dwte = head_wte_grad_target(chunk, cols);
+    float* dwte = with_gradients ? head_wte_grad_target(chunk, cols) : nullptr;
     a.head_dh.resize(n_ * c_);
     row_losses_.resize(n_);
     // Rows per chunk from the padded block (the same on every tp rank, so their collectives pair up).
@@ -449,7 +452,7 @@ class gpt_model {
       weft::tp::vocab_parallel_cross_entropy<B>(
           tp_, vocab_, std::span<float>(logits_), std::span<const std::int32_t>(batch.all_labels).subspan(r0, k),
           loss_scale, std::span<double>(row_losses_).subspan(r0, k), [](float v) { return detail::fast_exp(v); });
-      if (cols == 0) {
+      if (cols == 0 || !with_gradients) {
         std::fill_n(a.head_dh.data() + r0 * c_, k * c_, 0.0f);
         continue;
       }

@@ -604,7 +604,8 @@ class trainer {
           if (!first) pp.recv(std::span<float>(input), previous);
           const double rows = model_.forward(mb, chunk, batches[static_cast<std::size_t>(mb)],
                                              first ? std::span<const float>() : std::span<const float>(input),
-                                             last ? std::span<float>() : std::span<float>(output), 1.0f);
+                                             last ? std::span<float>() : std::span<float>(output), 1.0f,
+                                             /*with_gradients=*/false);
           model_.discard(mb, chunk);
           if (!last) pp.send(std::span<const float>(output), next);
           if (r_.sequence_parallel() || coords_.tp == 0) sum += rows;
