@@ -9,8 +9,9 @@
 /// reduction it will run, on the group it will run it on, before the first step:
 ///
 ///   * `probe_reduction` times the all-reduce (or, for ZeRO-1, the reduce-scatter) of doubling
-///     sizes from 256 KiB up to the gradients' own size, within a time budget. Each rank keeps
-///     its fastest of a few calls (load from other processes only ever slows a call down); the
+///     sizes from 256 KiB up to the gradients' own size, within a time budget, each as a run of
+///     calls on consecutive slices of fresh memory, as a step's buckets are. Each rank keeps its
+///     fastest of a few runs (load from other processes only ever slows a call down); the
 ///     ranks' times are gathered and each size takes the slowest rank's, so every rank holds the
 ///     same curve and plans the same buckets;
 ///   * `choose_bucket_bytes` takes the largest measured size whose bandwidth is within a
@@ -83,16 +84,29 @@ std::vector<curve_point> probe_reduction(communicator<B>& group, std::size_t max
   if (sizes.back() < largest) sizes.push_back(largest);
 
   double spent = 0;  // agreed by all ranks: the slowest rank's time so far
+  const std::size_t buffer_elements = buffer.all().size();
   for (std::size_t bytes : sizes) {
     if (spent >= options.budget_s) break;
-    std::span<T> data = buffer.all().subspan(0, elements_of(bytes));
+    const std::size_t n = elements_of(bytes);
+    // A bucket of a real step is fresh memory, one of many back to back: time a run of calls on
+    // consecutive slices (options.run_bytes of them, at least one call), not one slice again and
+    // again, which stays in the cache and overstates small sizes (1 MiB looked twice as fast
+    // as 16 MiB here that way; in the step, 16 MiB buckets were the faster).
+    const std::size_t calls = std::max<std::size_t>(1, std::min(options.run_bytes, largest) / (n * sizeof(T)));
+    std::size_t next = 0;
+    auto slice = [&] {
+      if (next + n > buffer_elements) next = 0;
+      std::span<T> data = buffer.all().subspan(next, n);
+      next += n;
+      return data;
+    };
     const auto size_started = clock::now();
-    reduce(data);  // untimed: first touch, connection set-up
+    reduce(slice());  // untimed: first touch, connection set-up
     double mine = std::numeric_limits<double>::infinity();
     for (int r = 0; r < options.repeats; ++r) {
       const auto t = clock::now();
-      reduce(data);
-      mine = std::min(mine, std::chrono::duration<double>(clock::now() - t).count());
+      for (std::size_t c = 0; c < calls; ++c) reduce(slice());
+      mine = std::min(mine, std::chrono::duration<double>(clock::now() - t).count() / static_cast<double>(calls));
     }
     const double size_spent = std::chrono::duration<double>(clock::now() - size_started).count();
     // Every rank's fastest call and time spent (in nanoseconds), so that all take the same maxima.
@@ -104,7 +118,7 @@ std::vector<curve_point> probe_reduction(communicator<B>& group, std::size_t max
       slowest = std::max(slowest, all[2 * r]);
       longest = std::max(longest, all[2 * r + 1]);
     }
-    curve.push_back({data.size() * sizeof(T), static_cast<double>(slowest) * 1e-9});
+    curve.push_back({n * sizeof(T), static_cast<double>(slowest) * 1e-9});
     spent += static_cast<double>(longest) * 1e-9;
   }
   if (seconds_spent) *seconds_spent = spent;

@@ -31,7 +31,10 @@ struct probe_options {
   std::size_t smallest_bytes = std::size_t{256} << 10;  ///< the first size timed
   std::size_t largest_bytes = std::size_t{128} << 20;   ///< never more than this (nor the gradients' size)
   double budget_s = 0.2;    ///< no new size is started once the sizes so far took this long (slowest rank)
-  int repeats = 3;          ///< timed calls per size, after one untimed call; the fastest is kept
+  int repeats = 3;          ///< timed runs per size, after one untimed call; the fastest is kept
+  /// Bytes a timed run covers: calls of the size on consecutive slices (at least one call), so
+  /// that small sizes are timed on fresh memory, as a step's buckets are, not on a cached slice.
+  std::size_t run_bytes = std::size_t{8} << 20;
   double tolerance = 0.05;  ///< sizes within this share of the best bandwidth count as fast as it
 };
 

@@ -156,7 +156,7 @@ class synchronizer {
     if (measure) {
       const probe_options& p = options_.probe;
       settings.add(p.smallest_bytes).add(p.largest_bytes).add(std::bit_cast<std::uint64_t>(p.budget_s));
-      settings.add(static_cast<std::uint64_t>(p.repeats)).add(std::bit_cast<std::uint64_t>(p.tolerance));
+      settings.add(static_cast<std::uint64_t>(p.repeats)).add(std::bit_cast<std::uint64_t>(p.tolerance)).add(p.run_bytes);
     }
     group().expect_same_on_all_ranks(
         "the synchronizer options (sharding, accumulation, scaling, precision, measured or given bucket cap, "
