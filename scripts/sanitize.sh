@@ -55,10 +55,13 @@ export OPENBLAS_NUM_THREADS=1
 # timing loops add build time and nothing the tests do not cover.
 # -O1 -g1, the sanitizers' own advice, not RelWithDebInfo's -O2 -g: the instrumented build is most
 # of CI's time, and these flags halve it (test_collectives.cpp: 74 s of CPU against 146 s under
-# ASan + UBSan) while reports keep their function names and lines.
+# ASan + UBSan) while reports keep their function names and lines. Warnings are errors in the
+# main build (scripts/test.sh); here they are reported only, since GCC's flow-based warnings
+# (-Wmaybe-uninitialized and the like) change with the optimization level and the
+# instrumentation, and a false positive of this tree's alone must not stop the sanitizers' run.
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWEFT_SANITIZE="$flags" \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
-  -DWEFT_WITH_NCCL=OFF -DWEFT_BUILD_BENCHMARKS=OFF -DWEFT_WARNINGS_AS_ERRORS=ON >/dev/null
+  -DWEFT_WITH_NCCL=OFF -DWEFT_BUILD_BENCHMARKS=OFF -DWEFT_WARNINGS_AS_ERRORS=OFF >/dev/null
 if [ -n "${targets+x}" ]; then
   cmake --build "$build" --parallel "$(nproc)" --target "${targets[@]}"
 else
