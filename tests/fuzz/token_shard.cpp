@@ -1,38 +1,18 @@
 // libFuzzer harness: train_gpt's token-shard reader (llm.c's header, then uint16 tokens) on
-// arbitrary file contents. The reader maps a path, so each input is written to one in-memory file
-// (memfd) read through /proc/self/fd.
-#include <sys/mman.h>
-#include <unistd.h>
-
+// arbitrary file contents. The reader maps a path, so each input is written to an in-memory file
+// (memory_file.hpp).
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
 
+#include "memory_file.hpp"
+
 #include "train_gpt/data.hpp"
 
-namespace {
-
-const std::string& input_path() {
-  static const std::string path = [] {
-    const int fd = ::memfd_create("weft-fuzz-token-shard", MFD_CLOEXEC);
-    if (fd < 0) std::abort();
-    return "/proc/self/fd/" + std::to_string(fd);
-  }();
-  return path;
-}
-
-int input_fd() {
-  static const int fd = std::stoi(input_path().substr(input_path().rfind('/') + 1));
-  return fd;
-}
-
-}  // namespace
-
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  const int fd = input_fd();
-  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, data, size, 0) != static_cast<ssize_t>(size)) std::abort();
+  const std::string& input_path = weft_fuzz::write_memory_file(data, size);
   try {
-    const train_gpt::corpus c = train_gpt::corpus::load(input_path(), 4, 50257, train_gpt::data_format::llmc);
+    const train_gpt::corpus c = train_gpt::corpus::load(input_path, 4, 50257, train_gpt::data_format::llmc);
     // What was accepted is consistent: the header's count fills the file exactly, and every window
     // of the stream reads tokens below the vocabulary.
     if (1024 + 2 * static_cast<std::size_t>(c.size()) != size) std::abort();
