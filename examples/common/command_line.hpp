@@ -140,6 +140,38 @@ inline std::vector<std::string_view> options_in_usage(std::string_view usage) {
   return options;
 }
 
+/// Walks a command line's options, each `--name value` or `--name=value`: next() moves to the
+/// next argument, name() is it without an `=value`, value() takes its value (after `=`, else the
+/// following argument; a missing one is a usage_error naming the option).
+class option_walker {
+ public:
+  option_walker(int argc, char** argv) : argc_(argc), argv_(argv) {}
+
+  bool next() {
+    if (++index_ >= argc_) return false;
+    name_ = argv_[index_];
+    inline_value_.reset();
+    if (auto eq = name_.find('='); name_.rfind("--", 0) == 0 && eq != std::string::npos) {
+      inline_value_ = name_.substr(eq + 1);
+      name_.resize(eq);
+    }
+    return true;
+  }
+  const std::string& name() const noexcept { return name_; }
+  std::string value() {
+    if (inline_value_) return *inline_value_;
+    if (index_ + 1 >= argc_) throw usage_error("option '" + name_ + "' needs a value");
+    return argv_[++index_];
+  }
+
+ private:
+  int argc_;
+  char** argv_;
+  int index_ = 0;
+  std::string name_;
+  std::optional<std::string> inline_value_;
+};
+
 /// The mistake of an option `usage` does not name, with the nearest one it does.
 inline usage_error unknown_option(std::string_view option, std::string_view usage) {
   return usage_error("unknown option '" + std::string(option) + "'" + did_you_mean(option, options_in_usage(usage)));

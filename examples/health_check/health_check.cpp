@@ -88,20 +88,9 @@ constexpr double most_threshold_ms = std::numeric_limits<double>::max();
 
 options parse(int argc, char** argv) {
   options o;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    std::string value;
-    bool has_value = false;
-    if (auto eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-      has_value = true;
-    }
-    auto next = [&]() -> std::string {
-      if (has_value) return value;
-      if (i + 1 >= argc) throw usage_error("option '" + arg + "' needs a value");
-      return argv[++i];
-    };
+  for (weft_programs::option_walker args(argc, argv); args.next();) {
+    const std::string& arg = args.name();
+    auto next = [&] { return args.value(); };
     if (arg == "--bytes") o.bytes = parse_bytes(arg, next());
     else if (arg == "--warmup") o.warmup = parse_integer(arg, next(), 0, most_rounds);
     else if (arg == "--rounds") o.rounds = parse_integer(arg, next(), 1, most_rounds);

@@ -124,20 +124,9 @@ options parse(int argc, char** argv) {
   using weft_programs::parse_real;
   options o;
   constexpr double most = std::numeric_limits<double>::max();
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    std::string value;
-    bool has_value = false;
-    if (auto eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-      has_value = true;
-    }
-    auto next = [&]() -> std::string {
-      if (has_value) return value;
-      if (i + 1 >= argc) throw usage_error("option '" + arg + "' needs a value");
-      return argv[++i];
-    };
+  for (weft_programs::option_walker args(argc, argv); args.next();) {
+    const std::string& arg = args.name();
+    auto next = [&] { return args.value(); };
     if (arg == "--expect-link-gbps") o.expect_link_gbps = parse_real(arg, next(), 1e-3, 1e6);
     else if (arg == "--data-dir") o.data_dir = existing_directory(arg, next());
     else if (arg == "--checkpoint-dir") o.checkpoint_dir = existing_directory(arg, next());
