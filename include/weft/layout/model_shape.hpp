@@ -41,6 +41,9 @@ constexpr bool cp_splits_sequence(std::int64_t seq_length, int cp) noexcept {
   return cp == 1 || (cp > 1 && (seq_length <= 0 || seq_length % (2 * static_cast<std::int64_t>(cp)) == 0));
 }
 
+/// ep splits the experts of each MoE layer evenly (every rank of the ep group holds experts / ep).
+constexpr bool ep_splits_experts(int experts, int ep) noexcept { return ep >= 1 && (experts <= 0 || experts % ep == 0); }
+
 /// Every way in which `shape` cannot be split by `layout`, each a sentence saying what to change;
 /// empty when it fits.
 inline std::vector<std::string> check_model_shape(const rank_layout& layout, const model_shape& shape) {
@@ -83,7 +86,7 @@ inline std::vector<std::string> check_model_shape(const rank_layout& layout, con
                        " x virtual stages=" + std::to_string(virtual_stages) + " = " + std::to_string(chunks) +
                        " model chunks: choose pp x virtual stages in " + options(shape.layers));
   }
-  if (shape.experts > 0 && shape.experts % layout.ep() != 0) {
+  if (!ep_splits_experts(shape.experts, layout.ep())) {
     problems.push_back(std::to_string(shape.experts) + " experts do not divide over ep=" + std::to_string(layout.ep()) +
                        ": choose ep in " + options(shape.experts));
   }

@@ -54,6 +54,7 @@ struct time_breakdown {
   double bubble = 0;      ///< pipeline fill and drain
   double dp_comm = 0;     ///< data-parallel reduction (and weight gathers) not hidden behind compute
   double optimizer = 0;   ///< the optimizer step (memory-bound)
+  double ep_comm = 0;     ///< expert-parallel all-to-all (dispatch and combine, forward and backward)
   double step = 0;
 };
 
@@ -98,6 +99,16 @@ inline void check_model(const model_desc& m) {
   need(m.seq > 0, "the model needs a positive sequence length (--seq)");
   need(m.vocab > 0, "the model needs a positive vocabulary size (--vocab)");
   need(m.ffn >= 0, "the MLP size (--ffn) must be positive (or 0 for 4 x hidden)");
+  need(m.head_dim >= 0, "the head size (--head-dim) must be positive (or 0 for hidden / heads)");
+  if (m.experts < 0 || m.top_k < 0 || m.expert_ffn < 0 || m.shared_experts < 0)
+    fail("tune: the MoE sizes (--moe-experts, --moe-top-k, --moe-ffn, --moe-shared-experts) must not be negative");
+  if (is_moe(m) && top_k_of(m) > m.experts)
+    fail("tune: top-k = " + std::to_string(top_k_of(m)) + " is more than the " + std::to_string(m.experts) +
+         " experts: a token is routed to at most every expert; give --moe-top-k from 1 to " + std::to_string(m.experts));
+  if (is_moe(m) && m.moe_every < 1)
+    fail("tune: --moe-every must be at least 1 (1: every layer is an MoE layer), got " + std::to_string(m.moe_every));
+  if (!is_moe(m) && (m.top_k > 0 || m.expert_ffn > 0 || m.shared_experts > 0))
+    fail("tune: --moe-top-k, --moe-ffn and --moe-shared-experts need --moe-experts (the routed experts per MoE layer)");
 }
 
 namespace detail {
@@ -122,6 +133,9 @@ struct layer_costs {
   double logits_bytes = 0;     ///< logits and the loss's fp32 softmax
   double p2p = 0;              ///< one pipeline send of the stage boundary activations (s), before link choice
   double p2p_bytes = 0;
+  double all_to_all = 0;       ///< one expert-parallel all-to-all (dispatch or combine) of an MoE layer (s)
+  double all_to_all_bytes = 0; ///< bytes each GPU sends in it (to the other ep - 1 ranks)
+  double mlp_tp_collective = 0;  ///< the MLP's share: tp_collective in a dense layer, the expert-tp one in an MoE layer (averaged)
 };
 
 /// The invariant part of the model for one (model, cluster, job, software, calibration).
@@ -135,12 +149,14 @@ class evaluator {
     a_ = model.heads;
     f_ = ffn_of(model);
     g_ = kv_ratio(model);
+    q_ = attention_width_of(model);
     v_ = model.vocab;
     global_batch_ = global_batch_sequences(job, model);
     gemm_peak_ = (job.gemm_precision == precision::fp8 && cluster.gpu.peak_fp8 > 0) ? cluster.gpu.peak_fp8
                                                                                      : cluster.gpu.peak_bf16;
     peak_fraction_ = gemm_peak_fraction(calib, cluster.gpu.architecture);
     layer_params_ = layer_params(model);
+    expert_layer_params_ = expert_params_per_layer(model);
     embedding_ = static_cast<double>(model.vocab) * model.hidden;
     intra_bw_ = cluster.node.intra_bandwidth / 2 * calib.link_efficiency;
     net_bw_ = cluster.node.network_bandwidth * calib.link_efficiency / std::max(1.0, cluster.oversubscription);
@@ -168,30 +184,75 @@ class evaluator {
     return flops * (d + half_size_) / (peak * peak_fraction_ * d);
   }
 
-  /// Per-layer costs for one micro-batch of `b` sequences.
-  layer_costs costs(int tp, int cp, bool sp, int b) const noexcept {
+  /// Per-layer costs for one micro-batch of `b` sequences; `ep` and `etp` (0: tp) place the
+  /// experts of MoE layers. The costs of a layer are the average over dense and MoE layers.
+  layer_costs costs(int tp, int cp, bool sp, int b, int ep = 1, int etp = 0) const noexcept {
     layer_costs c;
     const double t = tp;
     const double tokens = static_cast<double>(b) * s_ / cp;  // tokens this GPU holds per micro-batch
-    const double h = h_, f = f_, g = g_;
-    const double head_dim = h / a_;
+    const double h = h_, f = f_, g = g_, q = q_;
+    const double head_dim = q / a_;
+    const double x = moe_fraction(model_);  // share of MoE layers
+    if (etp <= 0) etp = tp;
     // Weight GEMMs: QKV, output projection, MLP up (gate + up when gated), MLP down.
     const double up = m_swiglu() ? 2.0 : 1.0;
     // A GEMM's efficiency follows its smallest dimension: tokens, or the weight's rows or columns.
     auto dim = [tokens](double rows, double cols) { return std::min(tokens, std::min(rows, cols)); };
-    double fwd = gemm(2 * tokens * h * h * (1 + 2 * g) / t, dim(h, h * (1 + 2 * g) / t), gemm_peak_) +
-                 gemm(2 * tokens * h * h / t, dim(h / t, h), gemm_peak_) +
-                 gemm(2 * tokens * h * f * up / t, dim(h, f / t), gemm_peak_) +
-                 gemm(2 * tokens * f * h / t, dim(h, f / t), gemm_peak_);
+    const double dense_mlp = gemm(2 * tokens * h * f * up / t, dim(h, f / t), gemm_peak_) +
+                             gemm(2 * tokens * f * h / t, dim(h, f / t), gemm_peak_);
+    double fwd = gemm(2 * tokens * h * q * (1 + 2 * g) / t, dim(h, q * (1 + 2 * g) / t), gemm_peak_) +
+                 gemm(2 * tokens * q * h / t, dim(q / t, h), gemm_peak_) + (1 - x) * dense_mlp;
+    double moe_act = 0;  // split activation bytes of an MoE layer's MLP per token and hidden unit
+    double expert_tp_collective = 0;
+    if (x > 0) {
+      // An MoE layer (Megatron-Core's all-to-all dispatcher; Megatron-Core MoE README). Each GPU
+      // routes its tokens / t (sequence parallel) to top_k experts: the router (hidden x experts,
+      // fp32 softmax), then the all-to-all over the ep group, an all-gather over the expert-tp
+      // group, the experts as one grouped GEMM, and the reverse. With balanced routing every GPU
+      // runs tokens x k / t tokens' worth of expert MLPs, whatever ep and etp: an expert GEMM sees
+      // (tokens / t) k ep etp / experts rows.
+      const double k = top_k_of(model_), e = model_.experts, fe = expert_ffn_of(model_);
+      const double routed = tokens / t * k;  // token copies this GPU sends and (balanced) receives
+      const double rows = routed * ep * etp / e;
+      const double experts = gemm(2 * routed * h * fe * up, std::min(rows, std::min(h, fe / etp)), gemm_peak_) +
+                             gemm(2 * routed * fe * h, std::min(rows, std::min(h, fe / etp)), gemm_peak_);
+      const double router = gemm(2 * tokens / t * h * e, dim(h, e), gemm_peak_);
+      const double shared = model_.shared_experts > 0
+                                ? model_.shared_experts * (gemm(2 * tokens * h * fe * up / t, dim(h, fe / t), gemm_peak_) +
+                                                           gemm(2 * tokens * fe * h / t, dim(h, fe / t), gemm_peak_))
+                                : 0.0;
+      fwd += x * (experts + router + shared);
+      // Stored per token: each routed copy's permuted input (2 h bytes) and expert intermediates,
+      // the shared experts' intermediates, the router's fp32 probabilities.
+      const double inner = (m_swiglu() ? 6.0 : 4.0) * fe / h;
+      moe_act = k * (2.0 + inner) + model_.shared_experts * inner + 4.0 * e / h;
+      // The all-to-all: each GPU sends its routed copies (bf16) to the ep group, (ep - 1) / ep of
+      // them to other GPUs. On the expert grid (tp-cp-ep-dp-pp with cp 1) the ep group is etp
+      // apart: inside a node while etp x ep fits in it; beyond that the share of its members in
+      // other nodes crosses the network, concurrently with the NVLink share.
+      if (ep > 1) {
+        const int node = cluster_.node.gpus_per_node;
+        const double sent = 2 * routed * h * (ep - 1) / ep;
+        const double per_node = etp * ep <= node ? ep : std::max(1, node / etp);
+        const double remote = (ep - per_node) / (ep - 1.0);  // share of the other members in other nodes
+        c.all_to_all_bytes = sent;
+        c.all_to_all = std::max(sent * (1 - remote) / intra_bw_, sent * remote / std::max(net_bw_, 1e-30)) +
+                       (ep - 1) * (remote > 0 ? cluster_.node.network_latency : cluster_.node.intra_latency);
+      }
+      // An MoE layer's MLP collectives are the expert-tp all-gather and reduce-scatter of the
+      // routed copies (k x the tokens when etp = tp), in place of a dense MLP's over tp.
+      expert_tp_collective =
+          etp > 1 ? ring_all_reduce(2 * routed * etp * h, etp, intra_bw_, cluster_.node.intra_latency) : 0.0;
+    }
     c.weight_gemms = fwd;
     // Attention core: QK^T and AV over the whole sequence; a fused kernel skips the masked half.
-    const double attention_flops = 4 * tokens * s_ * h / t * (software_.flash_attention ? 0.5 : 1.0);
+    const double attention_flops = 4 * tokens * s_ * q / t * (software_.flash_attention ? 0.5 : 1.0);
     c.attention_core = gemm(attention_flops, head_dim, cluster_.gpu.peak_bf16);
     // Activation bytes (Korthikanti et al. 2022, generalised): replicated across tp unless
     // sequence parallel (norm inputs, QKV and MLP inputs, dropout masks); split across tp (Q, K,
     // V, attention output, MLP intermediates); attention scores, absent with fused attention.
     const double replicated = 8.0 + (model_.dropout ? 2.0 : 0.0);
-    const double split = 4.0 + 4.0 * g + (m_swiglu() ? 6.0 : 4.0) * f / h;
+    const double split = (4.0 + 4.0 * g) * q / h + (1 - x) * (m_swiglu() ? 6.0 : 4.0) * f / h + x * moe_act;
     const double scores =
         software_.flash_attention ? 0.0 : (model_.dropout ? 5.0 : 2.0) * a_ * static_cast<double>(s_) * tokens / t;
     c.act_selective = tokens * h * (replicated / (sp ? t : 1.0) + split / t);
@@ -204,10 +265,11 @@ class evaluator {
     c.forward = fwd + c.attention_core + calib_.elementwise_passes * c.act_selective / bw;
     // Tensor parallelism: one all-reduce (or reduce-scatter + all-gather) of b s h bf16 values.
     c.tp_collective = tp > 1 ? ring_all_reduce(2 * tokens * h, tp, intra_bw_, cluster_.node.intra_latency) : 0;
+    c.mlp_tp_collective = (1 - x) * c.tp_collective + x * expert_tp_collective;
     // Context parallelism: each GPU receives the other cp - 1 chunks of K and V.
     if (cp > 1) {
       const bool crosses = tp * cp > cluster_.node.gpus_per_node;
-      const double bytes = (cp - 1) * tokens * 4 * h * g / t;
+      const double bytes = (cp - 1) * tokens * 4 * q * g / t;
       c.cp_exchange = bytes / (crosses ? net_bw_ : intra_bw_) +
                       (cp - 1) * (crosses ? cluster_.node.network_latency : cluster_.node.intra_latency);
     }
@@ -227,14 +289,20 @@ class evaluator {
     const int shard_group = l.parallel.dp * l.parallel.cp;
     const double d = shard_group;
     const double max_params = stage_params(l);
-    const double stage = lps * layer_params_;
+    const double stage = lps * (layer_params_ - expert_layer_params_);
+    // Routed experts: split over ep x etp, their state sharded over the expert data-parallel group.
+    const double experts = expert_stage_params(l);
+    const double de = expert_dp_of(l);
     const bool z1 = l.sharding_mode != sharding::none;
     const bool z2 = l.sharding_mode == sharding::gradients || l.sharding_mode == sharding::full;
     const bool z3 = l.sharding_mode == sharding::full;
+    const double layer_share = (layer_params_ - expert_layer_params_) / t + expert_layer_params_ / expert_split_of(l);
     auto state = [&](double params, memory_breakdown& mb) {
-      mb.weights = 2 * params / (z3 ? d : 1.0) + (z3 && shard_group > 1 ? 2 * 2 * layer_params_ / t : 0.0);
-      mb.gradients = (software_.gradient_bytes / (z2 ? d : 1.0) + software_.low_precision_gradient_bytes) * params;
-      mb.optimizer = 12 * params / (z1 ? d : 1.0);
+      mb.weights = 2 * params / (z3 ? d : 1.0) + 2 * experts / (z3 ? de : 1.0) +
+                   (z3 && shard_group > 1 ? 2 * 2 * layer_share : 0.0);
+      mb.gradients = (software_.gradient_bytes / (z2 ? d : 1.0) + software_.low_precision_gradient_bytes) * params +
+                     (software_.gradient_bytes / (z2 ? de : 1.0) + software_.low_precision_gradient_bytes) * experts;
+      mb.optimizer = 12 * params / (z1 ? d : 1.0) + 12 * experts / (z1 ? de : 1.0);
     };
     double stored = c.act_none;
     if (l.recompute_mode == recompute::selective) stored = c.act_selective;
@@ -266,11 +334,32 @@ class evaluator {
     return result;
   }
 
-  /// Parameters per GPU on the stage that holds the most.
+  /// Parameters per GPU on the stage that holds the most, except routed experts (split by tp,
+  /// sharded over dp x cp).
   double stage_params(const layout_choice& l) const noexcept {
     const double lps = (model_.layers + l.parallel.pp - 1) / l.parallel.pp;
-    if (l.parallel.pp == 1) return (model_.layers * layer_params_ + embedding_params(model_)) / l.parallel.tp;
-    return (lps * layer_params_ + embedding_) / l.parallel.tp;
+    const double per_layer = layer_params_ - expert_layer_params_;
+    if (l.parallel.pp == 1) return (model_.layers * per_layer + embedding_params(model_)) / l.parallel.tp;
+    return (lps * per_layer + embedding_) / l.parallel.tp;
+  }
+
+  /// The expert-tensor-parallel degree of `l` (expert_tp 0: tp).
+  static int expert_tp_of(const layout_choice& l) noexcept {
+    return l.parallel.expert_tp > 0 ? l.parallel.expert_tp : l.parallel.tp;
+  }
+  /// GPUs one MoE layer's routed experts are split over: ep x etp.
+  static double expert_split_of(const layout_choice& l) noexcept {
+    return static_cast<double>(l.parallel.ep) * expert_tp_of(l);
+  }
+  /// The expert data-parallel size: world / (etp x ep x pp) = tp x cp x dp / (etp x ep), the
+  /// group that reduces expert gradients and shards their optimizer state (Megatron-Core).
+  static double expert_dp_of(const layout_choice& l) noexcept {
+    return static_cast<double>(l.parallel.tp) * l.parallel.cp * l.parallel.dp / expert_split_of(l);
+  }
+  /// Routed-expert parameters per GPU on the busiest stage.
+  double expert_stage_params(const layout_choice& l) const noexcept {
+    const double lps = (model_.layers + l.parallel.pp - 1) / l.parallel.pp;
+    return lps * expert_layer_params_ / expert_split_of(l);
   }
 
   /// Evaluates `l` with precomputed per-layer costs `c` (from costs(l.parallel.tp, l.parallel.cp, l.sequence_parallel,
@@ -286,6 +375,8 @@ class evaluator {
     const int shard_group = l.parallel.dp * l.parallel.cp;
     const double d = shard_group;
     const double max_params = stage_params(l);
+    const double experts = expert_stage_params(l);
+    const double de = expert_dp_of(l);
     const bool z1 = l.sharding_mode != sharding::none;
 
     // ---- time ----------------------------------------------------------------------------
@@ -294,7 +385,8 @@ class evaluator {
     if (l.recompute_mode == recompute::full) redo = c.forward;
     if (l.recompute_mode == recompute::selective) redo = c.attention_core;
     const double collectives = 4.0 + (l.recompute_mode == recompute::full ? 2.0 : 0.0);
-    double tp_layer = collectives * c.tp_collective;
+    // Half of them are the attention's, half the MLP's (an MoE layer's expert-tp ones).
+    double tp_layer = collectives / 2 * (c.tp_collective + c.mlp_tp_collective);
     // Overlapped collectives run chunk by chunk behind the GEMMs (forward, backward, recompute);
     // the first chunk of each, 1/tp of it, stays exposed.
     if (software_.overlap_tp && l.parallel.tp > 1)
@@ -302,14 +394,20 @@ class evaluator {
     const double cp_layer = std::max(0.0, c.cp_exchange - c.attention_core) +
                             std::max(0.0, 2 * c.cp_exchange - 2 * c.attention_core) +
                             (l.recompute_mode == recompute::full ? std::max(0.0, c.cp_exchange - c.attention_core) : 0.0);
+    // Expert parallelism: dispatch and combine in the forward pass and their transposes in the
+    // backward pass, 4 all-to-alls per MoE layer (6 when full recomputation reruns the forward),
+    // on the critical path: the experts wait for their tokens.
+    const double ep_layer =
+        moe_fraction(model_) * (4.0 + (l.recompute_mode == recompute::full ? 2.0 : 0.0)) * c.all_to_all;
     const double logits = 3 * c.logits_forward;  // the busiest stage is the last: it has the output layer
     const double mb_compute = lps * (fwd + bwd + redo) + logits;
-    const double mb_time = mb_compute + lps * (tp_layer + cp_layer);
+    const double mb_time = mb_compute + lps * (tp_layer + cp_layer + ep_layer);
     time_breakdown& tb = p.time;
     tb.compute = m * mb_compute;
     tb.recompute = m * lps * redo;
     tb.tp_comm = m * lps * tp_layer;
     tb.cp_comm = m * lps * cp_layer;
+    tb.ep_comm = m * lps * ep_layer;
     if (l.parallel.pp > 1) {
       tb.bubble = static_cast<double>(l.parallel.pp - 1) / l.parallel.virtual_stages * mb_time;
       const bool crosses = l.parallel.tp * l.parallel.cp * l.parallel.dp >= cluster_.node.gpus_per_node;
@@ -325,12 +423,22 @@ class evaluator {
 
     // Data parallelism: the dp x cp group spans `per_node` GPUs in each of `nodes_spanned` nodes;
     // reduce inside the node over NVLink, across nodes over each GPU's own port.
-    if (shard_group > 1) {
-      const int per_node = std::max(1, std::min(shard_group, cluster_.node.gpus_per_node / std::max(1, l.parallel.tp * 1)));
-      const int nodes_spanned = (shard_group + per_node - 1) / per_node;
-      auto all_reduce = [&](double bytes) {
+    // Routed experts' gradients go over the expert data-parallel group instead (etp x ep apart
+    // on the expert grid), after the others.
+    if (shard_group > 1 || de > 1) {
+      auto group_all_reduce = [&](double bytes, int n, int apart) {
+        const int per_node = std::max(1, std::min(n, cluster_.node.gpus_per_node / std::max(1, apart)));
+        const int nodes_spanned = (n + per_node - 1) / per_node;
         return ring_all_reduce(bytes, per_node, dp_intra_bw_, cluster_.node.intra_latency) +
                ring_all_reduce(bytes / per_node, nodes_spanned, net_bw_, cluster_.node.network_latency);
+      };
+      const int expert_group = static_cast<int>(std::lround(de));
+      const int expert_apart = static_cast<int>(std::lround(expert_split_of(l)));
+      // `bytes` per dense parameter; the experts' share follows from the same bytes per parameter.
+      auto all_reduce = [&](double bytes) {
+        const double per_param = bytes / max_params;
+        return group_all_reduce(bytes, shard_group, l.parallel.tp) +
+               (experts > 0 ? group_all_reduce(per_param * experts, expert_group, expert_apart) : 0.0);
       };
       const double grads = software_.gradient_bytes * max_params, weights = 2 * max_params;
       const double back_window = lps * (bwd + redo) * (1 - 1 / lps);
@@ -353,8 +461,8 @@ class evaluator {
       }
     }
     // Adam: read weights, gradients, master weights and two moments, write four of them back.
-    tb.optimizer = 32 * max_params / (z1 ? d : 1.0) / cluster_.gpu.memory_bandwidth;
-    tb.step = tb.compute + tb.tp_comm + tb.cp_comm + tb.pp_comm + tb.bubble + tb.dp_comm + tb.optimizer;
+    tb.optimizer = 32 * (max_params / (z1 ? d : 1.0) + experts / (z1 ? de : 1.0)) / cluster_.gpu.memory_bandwidth;
+    tb.step = tb.compute + tb.tp_comm + tb.cp_comm + tb.ep_comm + tb.pp_comm + tb.bubble + tb.dp_comm + tb.optimizer;
 
     const double tokens = static_cast<double>(global_batch_) * s_;
     const double peak = gpus * gemm_peak_;
@@ -380,9 +488,9 @@ class evaluator {
   job_desc job_;
   software_desc software_;
   calibration calib_;
-  double h_ = 0, s_ = 0, a_ = 0, f_ = 0, g_ = 1, v_ = 0;
+  double h_ = 0, s_ = 0, a_ = 0, f_ = 0, g_ = 1, v_ = 0, q_ = 0;
   int global_batch_ = 0;
-  double gemm_peak_ = 0, peak_fraction_ = 0, layer_params_ = 0, embedding_ = 0;
+  double gemm_peak_ = 0, peak_fraction_ = 0, layer_params_ = 0, expert_layer_params_ = 0, embedding_ = 0;
   double intra_bw_ = 0, net_bw_ = 0, dp_intra_bw_ = 0, usable_ = 0, flops_per_token_ = 0, half_size_ = 0;
 };
 
@@ -415,8 +523,8 @@ inline std::string layout_problem(const model_desc& model, const cluster_desc& c
   if (d.world_size != gpus)
     return "the layout is for a world of " + str(d.world_size) + " ranks but the cluster has " + str(gpus) + " GPUs";
   if (const std::vector<std::string> problems = weft::layout::validate(d); !problems.empty()) return problems.front();
-  if (d.ep != 1 || (d.expert_tp != 0 && d.expert_tp != d.tp))
-    return "the cost model has no expert parallelism: leave ep and expert_tp at their defaults";
+  if (!is_moe(model) && (d.ep != 1 || (d.expert_tp != 0 && d.expert_tp != d.tp)))
+    return "the model has no experts, so ep must be 1 and expert-tp the tp (give --moe-experts for a mixture of experts)";
   if (weft::layout::dim_order::parse(d.order) != weft::layout::dim_order())
     return "the cost model assumes the order " + std::string(weft::layout::default_order) + ", not '" + d.order + "'";
   if (d.tp > cluster.node.gpus_per_node)
@@ -424,7 +532,8 @@ inline std::string layout_problem(const model_desc& model, const cluster_desc& c
            " GPUs): tensor parallelism needs NVLink";
   // With uneven stages allowed, the layer count is not checked against pp x vp (0: unknown).
   const weft::layout::model_shape shape{.heads = model.heads, .kv_heads = kv_heads_of(model),
-                                        .layers = allow_uneven_stages ? 0 : model.layers, .seq_length = model.seq};
+                                        .layers = allow_uneven_stages ? 0 : model.layers, .experts = model.experts,
+                                        .seq_length = model.seq};
   if (const std::vector<std::string> problems = weft::layout::check_model_shape(weft::layout::rank_layout(d), shape);
       !problems.empty())
     return problems.front();
@@ -440,6 +549,13 @@ inline std::string layout_problem(const model_desc& model, const cluster_desc& c
   if (d.virtual_stages > 1 && m % d.pp != 0)
     return "the interleaved schedule needs the micro-batch count (" + str(m) + ") to be a multiple of pp = " + str(d.pp);
   if (l.sequence_parallel && d.tp == 1) return "sequence parallelism needs tp > 1";
+  const int etp = d.expert_tp > 0 ? d.expert_tp : d.tp;
+  if (etp > cluster.node.gpus_per_node)
+    return "expert-tp = " + str(etp) + " is larger than a node (" + str(cluster.node.gpus_per_node) +
+           " GPUs): tensor parallelism needs NVLink";
+  if (d.ep > 1 && d.tp > 1 && !l.sequence_parallel)
+    return "ep = " + str(d.ep) + " with tp = " + str(d.tp) +
+           " needs sequence parallelism (Megatron-Core's rule for expert and tensor parallelism together)";
   return {};
 }
 
@@ -453,7 +569,8 @@ inline plan evaluate(const model_desc& model, const cluster_desc& cluster, const
   if (std::string problem = layout_problem(model, cluster, job, l, allow_uneven_stages); !problem.empty())
     fail("tune: invalid layout: " + problem);
   detail::evaluator ev(model, cluster, job, software, calib);
-  return ev.evaluate(l, ev.costs(l.parallel.tp, l.parallel.cp, l.sequence_parallel, l.micro_batch));
+  return ev.evaluate(l, ev.costs(l.parallel.tp, l.parallel.cp, l.sequence_parallel, l.micro_batch, l.parallel.ep,
+                                 l.parallel.expert_tp));
 }
 
 }  // namespace weft::tune

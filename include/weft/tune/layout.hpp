@@ -60,8 +60,9 @@ constexpr std::optional<sharding> parse_sharding(std::string_view text) noexcept
 }
 
 /// One layout as the tuner chooses it: the parallel degrees in weft::layout's vocabulary (the
-/// spec `weft::process_groups` is built from: world size, tp, cp, pp, dp, virtual stages; the
-/// tuner models no expert parallelism, so ep = 1), and how each model replica trains. The cost
+/// spec `weft::process_groups` is built from: world size, tp, cp, pp, dp, virtual stages, and for
+/// a mixture of experts ep and expert_tp, Megatron-Core's expert grid), and how each model replica
+/// trains. The cost
 /// model assumes the default order, tp-cp-ep-dp-pp (Megatron-Core's): a tp group stays inside a
 /// node and a pp group is the first to leave it.
 struct layout_choice {

@@ -33,6 +33,7 @@ struct published_run {
   int global_batch = 0;
   double published_mfu = 0;      ///< fraction of peak, in the source's own FLOP count
   std::string confidence;
+  precision gemm_precision = precision::bf16;  ///< fp8 where the GPU column says so ("H100 (FP8)")
 };
 
 namespace detail {
@@ -83,7 +84,9 @@ inline software_desc software_of(std::string_view source) {
     return {.flash_attention = false, .sequence_parallel = false, .interleaved_schedule = false,
             .context_parallel = false, .overlap_dp = false, .max_sharding = sharding::optimizer,
             .selective_recompute = false, .gradient_bytes = 2};
-  if (source == "MLM24")
+  // Megatron-Core's MoE runs (its MoE README, 2024; Megatron-Bridge's performance pages, 2025) run
+  // the same stack as MLM24, with the distributed optimizer.
+  if (source == "MLM24" || source == "MCORE-MOE" || detail::starts_with(source, "MB"))
     return {.flash_attention = true, .sequence_parallel = true, .interleaved_schedule = true, .overlap_dp = true,
             .overlap_tp = true, .max_sharding = sharding::optimizer};
   return {.flash_attention = true, .sequence_parallel = true, .interleaved_schedule = true, .context_parallel = false,
@@ -107,11 +110,23 @@ inline std::vector<published_run> read_published_runs(std::istream& in) {
   std::string line;
   if (!std::getline(in, line)) fail("tune: published runs: empty file");
   const std::vector<std::string> header = detail::split_csv_line(line);
-  auto column = [&](std::string_view name) -> std::size_t {
+  constexpr std::size_t absent = static_cast<std::size_t>(-1);
+  auto optional_column = [&](std::string_view name) -> std::size_t {
     for (std::size_t i = 0; i < header.size(); ++i)
       if (header[i] == name) return i;
-    fail("tune: published runs: no column '" + std::string(name) + "'");
+    return absent;
   };
+  auto column = [&](std::string_view name) -> std::size_t {
+    const std::size_t i = optional_column(name);
+    if (i == absent) fail("tune: published runs: no column '" + std::string(name) + "'");
+    return i;
+  };
+  // Mixtures of experts (published_runs_moe.csv): the expert layout and the model's MoE shape.
+  const std::size_t c_ep = optional_column("ep"), c_etp = optional_column("expert_tp"),
+                    c_experts = optional_column("experts"), c_top_k = optional_column("top_k"),
+                    c_every = optional_column("moe_every"), c_expert_ffn = optional_column("expert_ffn"),
+                    c_ffn = optional_column("ffn"), c_head_dim = optional_column("head_dim"),
+                    c_tokens = optional_column("tokens_per_s_per_gpu");
   const std::size_t c_source = column("source"), c_model = column("model"), c_params = column("params_b"),
                     c_layers = column("layers"), c_hidden = column("hidden"), c_heads = column("heads"),
                     c_kv = column("kv_heads"), c_seq = column("seq"), c_vocab = column("vocab"), c_gpu = column("gpu"),
@@ -124,7 +139,7 @@ inline std::vector<published_run> read_published_runs(std::istream& in) {
     if (line.empty() || line == "\r") continue;
     const std::vector<std::string> f = detail::split_csv_line(line);
     if (f.size() < header.size()) fail("tune: published runs: short row: " + line);
-    auto num = [&](std::size_t c) { return detail::leading_number(f[c]); };
+    auto num = [&](std::size_t c) { return c == absent ? 0.0 : detail::leading_number(f[c]); };
     auto integer = [&](std::size_t c) { return static_cast<int>(std::lround(num(c))); };
     published_run r;
     r.source = f[c_source];
@@ -151,7 +166,18 @@ inline std::vector<published_run> read_published_runs(std::istream& in) {
       m.ffn = m.hidden == 4096 ? 11008 : m.hidden == 5120 ? 13824 : 28672;
       m.params = 0;
     }
+    if (c_experts != absent && num(c_experts) > 0) {  // the model's public configuration, as the row gives it
+      m.experts = integer(c_experts);
+      m.top_k = integer(c_top_k);
+      m.moe_every = std::max(1, integer(c_every));
+      m.expert_ffn = integer(c_expert_ffn);
+      m.ffn = integer(c_ffn);
+      m.head_dim = integer(c_head_dim);
+      m.swiglu = true;  // every MoE model in the file has gated experts
+      m.params = 0;     // derived from the full shape
+    }
     const std::string& gpu = f[c_gpu];
+    if (detail::contains(gpu, "FP8")) r.gemm_precision = precision::fp8;
     for (const gpu_desc& g : gpu_presets)
       if (detail::starts_with(gpu, g.name)) r.gpu = g;
     if (r.gpu.name.empty()) fail("tune: published runs: unknown GPU '" + gpu + "'");
@@ -163,6 +189,8 @@ inline std::vector<published_run> read_published_runs(std::istream& in) {
     l.cp = std::max(1, integer(c_cp));
     l.vp = integer(c_vp);
     l.micro_batch = integer(c_mb);
+    l.ep = c_ep == absent ? 0 : integer(c_ep);
+    l.expert_tp = c_etp == absent ? 0 : integer(c_etp);
     if (f[c_rc] == "no" || f[c_rc] == "none") l.recompute_mode = recompute::none;
     if (detail::starts_with(f[c_rc], "full")) l.recompute_mode = recompute::full;
     if (detail::starts_with(f[c_rc], "selective")) l.recompute_mode = recompute::selective;
@@ -171,6 +199,10 @@ inline std::vector<published_run> read_published_runs(std::istream& in) {
     if (l.pp == 1 && l.vp == 0) l.vp = 1;
     r.global_batch = integer(c_gb);
     r.published_mfu = num(c_mfu) / 100;
+    // Sources that give tokens/s and not MFU: the MFU in the tuner's own count (the error is then
+    // the ratio of tokens/s, whatever the count), over the bf16 peak.
+    if (r.published_mfu <= 0 && num(c_tokens) > 0)
+      r.published_mfu = num(c_tokens) * model_flops_per_token(r.model) / r.gpu.peak_bf16;
     if (r.model.layers <= 0 || r.gpus <= 0 || l.tp <= 0 || l.pp <= 0 || l.dp <= 0 || r.global_batch <= 0 ||
         r.published_mfu <= 0)
       fail("tune: published runs: incomplete row: " + line);
@@ -207,10 +239,11 @@ struct run_check {
 /// Checks one run: (a) with its published layout and (b) with a free search.
 inline run_check check_run(const published_run& run, const calibration& calib = default_calibration) {
   const cluster_desc cluster = cluster_of(run);
-  const job_desc job{.global_batch = run.global_batch};
+  const job_desc job{.global_batch = run.global_batch, .gemm_precision = run.gemm_precision};
   search_options options{.top = 1, .fixed = run.published, .software = software_of(run.source), .calib = calib};
   // BLOOM's 70 layers on 12 stages; unstated virtual stages must still divide the layers.
   options.allow_uneven_stages = run.model.layers % run.published.pp != 0;
+  options.max_vp = std::max(options.max_vp, run.published.vp);  // MB25's 24 virtual stages
   search_result own = search(run.model, cluster, job, options);
   if (own.plans.empty()) fail("tune: the published layout of " + run.name + " does not fit the memory model");
   run_check c;
@@ -240,7 +273,9 @@ inline double predicted_published_mfu(const published_run& run, const calibratio
   // Uneven stages only where the published layout has them (BLOOM's 70 layers on 12 stages).
   search_options options{.top = 1, .fixed = run.published, .software = software_of(run.source), .calib = calib,
                          .allow_uneven_stages = run.model.layers % run.published.pp != 0};
-  const search_result r = search(run.model, cluster_of(run), {.global_batch = run.global_batch}, options);
+  options.max_vp = std::max(options.max_vp, run.published.vp);
+  const search_result r =
+      search(run.model, cluster_of(run), {.global_batch = run.global_batch, .gemm_precision = run.gemm_precision}, options);
   if (r.plans.empty()) return 0;
   return r.plans.front().tokens_per_s / run.gpus * source_flops_per_token(run) / run.gpu.peak_bf16;
 }

@@ -28,9 +28,14 @@ inline std::string gigabytes(double bytes) { return format("%.1f GB", bytes / 1e
 
 }  // namespace detail
 
-/// "tp=2 cp=1 pp=4 dp=16 vp=3 mb=1 recompute=none sharding=optimizer".
+/// "tp=2 cp=1 pp=4 dp=16 vp=3 mb=1 recompute=none sharding=optimizer"; with expert parallelism
+/// "ep=8" (and "expert-tp=1" where the experts are split otherwise than tp) after cp.
 inline std::string describe(const layout_choice& l) {
-  return "tp=" + std::to_string(l.parallel.tp) + " cp=" + std::to_string(l.parallel.cp) + " pp=" + std::to_string(l.parallel.pp) +
+  const std::string experts =
+      (l.parallel.ep > 1 ? " ep=" + std::to_string(l.parallel.ep) : std::string()) +
+      (l.parallel.expert_tp > 0 && l.parallel.expert_tp != l.parallel.tp ? " expert-tp=" + std::to_string(l.parallel.expert_tp)
+                                                                          : std::string());
+  return "tp=" + std::to_string(l.parallel.tp) + " cp=" + std::to_string(l.parallel.cp) + experts + " pp=" + std::to_string(l.parallel.pp) +
          " dp=" + std::to_string(l.parallel.dp) + " vp=" + std::to_string(l.parallel.virtual_stages) + " mb=" + std::to_string(l.micro_batch) +
          " recompute=" + std::string(to_string(l.recompute_mode)) +
          " sharding=" + std::string(to_string(l.sharding_mode)) + (l.sequence_parallel ? " sp" : "");
@@ -42,7 +47,8 @@ inline std::string describe_time(const time_breakdown& t) {
     return std::string(name) + " " + detail::percent(seconds / t.step);
   };
   return part("compute", t.compute) + " (recompute " + detail::percent(t.recompute / t.step) + "), " +
-         part("TP", t.tp_comm) + ", " + part("CP", t.cp_comm) + ", " + part("PP", t.pp_comm) + ", " +
+         part("TP", t.tp_comm) + ", " + part("CP", t.cp_comm) + ", " +
+         (t.ep_comm > 0 ? part("EP all-to-all", t.ep_comm) + ", " : std::string()) + part("PP", t.pp_comm) + ", " +
          part("bubble", t.bubble) + ", " + part("DP", t.dp_comm) + ", " + part("optimizer", t.optimizer);
 }
 
@@ -59,9 +65,9 @@ inline std::string describe_memory(const memory_breakdown& m) {
 inline std::string format_table(const std::vector<plan>& plans) {
   std::string out;
   char line[512];
-  std::snprintf(line, sizeof line, "%-4s %3s %3s %4s %5s %3s %3s %-9s %-9s %6s %12s %9s %9s %7s %7s %7s %7s %9s %11s\n",
-                "rank", "tp", "cp", "pp", "dp", "vp", "mb", "recompute", "sharding", "mfu", "tokens/s", "step_s",
-                "mem_GB", "tp_%", "pp_%", "bubble%", "dp_%", "days", "cost");
+  std::snprintf(line, sizeof line, "%-4s %3s %3s %3s %4s %5s %3s %3s %-9s %-9s %6s %12s %9s %9s %7s %7s %7s %7s %7s %9s %11s\n",
+                "rank", "tp", "cp", "ep", "pp", "dp", "vp", "mb", "recompute", "sharding", "mfu", "tokens/s", "step_s",
+                "mem_GB", "tp_%", "ep_%", "pp_%", "bubble%", "dp_%", "days", "cost");
   out += line;
   int rank = 0;
   for (std::size_t i = 0; i < plans.size(); ++i) {
@@ -72,10 +78,10 @@ inline std::string format_table(const std::vector<plan>& plans) {
     if (!tied) rank = static_cast<int>(i) + 1;
     const std::string rank_text = std::to_string(rank) + (tied ? "=" : "");
     std::snprintf(line, sizeof line,
-                  "%-4s %3d %3d %4d %5d %3d %3d %-9s %-9s %5.1f%% %12.4g %9.3f %9.1f %7.1f %7.1f %7.1f %7.1f %9.2f %11.4g\n",
-                  rank_text.c_str(), l.parallel.tp, l.parallel.cp, l.parallel.pp, l.parallel.dp, l.parallel.virtual_stages, l.micro_batch, std::string(to_string(l.recompute_mode)).c_str(),
+                  "%-4s %3d %3d %3d %4d %5d %3d %3d %-9s %-9s %5.1f%% %12.4g %9.3f %9.1f %7.1f %7.1f %7.1f %7.1f %7.1f %9.2f %11.4g\n",
+                  rank_text.c_str(), l.parallel.tp, l.parallel.cp, l.parallel.ep, l.parallel.pp, l.parallel.dp, l.parallel.virtual_stages, l.micro_batch, std::string(to_string(l.recompute_mode)).c_str(),
                   std::string(to_string(l.sharding_mode)).c_str(), 100 * p.mfu, p.tokens_per_s, s,
-                  p.memory.total / 1e9, 100 * p.time.tp_comm / s, 100 * p.time.pp_comm / s, 100 * p.time.bubble / s,
+                  p.memory.total / 1e9, 100 * p.time.tp_comm / s, 100 * p.time.ep_comm / s, 100 * p.time.pp_comm / s, 100 * p.time.bubble / s,
                   100 * p.time.dp_comm / s, p.days, p.cost);
     out += line;
   }
@@ -98,7 +104,9 @@ inline std::string to_json(const plan& p) {
   const layout_choice& l = p.config;
   std::string o = "{";
   o += "\"tp\": " + std::to_string(l.parallel.tp) + ", \"cp\": " + std::to_string(l.parallel.cp) + ", \"pp\": " + std::to_string(l.parallel.pp) +
-       ", \"dp\": " + std::to_string(l.parallel.dp) + ", \"vp\": " + std::to_string(l.parallel.virtual_stages) +
+       ", \"dp\": " + std::to_string(l.parallel.dp) + ", \"ep\": " + std::to_string(l.parallel.ep) +
+       ", \"expert_tp\": " + std::to_string(l.parallel.expert_tp > 0 ? l.parallel.expert_tp : l.parallel.tp) +
+       ", \"vp\": " + std::to_string(l.parallel.virtual_stages) +
        ", \"micro_batch\": " + std::to_string(l.micro_batch) + ", \"micro_batches\": " + std::to_string(p.micro_batches) +
        ", \"recompute\": \"" + std::string(to_string(l.recompute_mode)) + "\", \"sharding\": \"" +
        std::string(to_string(l.sharding_mode)) + "\", \"sequence_parallel\": " + (l.sequence_parallel ? "true" : "false");
@@ -114,7 +122,8 @@ inline std::string to_json(const plan& p) {
   o += ", \"time_s\": {\"compute\": " + json_number(t.compute) + ", \"recompute\": " + json_number(t.recompute) +
        ", \"tp_comm\": " + json_number(t.tp_comm) + ", \"cp_comm\": " + json_number(t.cp_comm) +
        ", \"pp_comm\": " + json_number(t.pp_comm) + ", \"bubble\": " + json_number(t.bubble) +
-       ", \"dp_comm\": " + json_number(t.dp_comm) + ", \"optimizer\": " + json_number(t.optimizer) + "}";
+       ", \"ep_comm\": " + json_number(t.ep_comm) + ", \"dp_comm\": " + json_number(t.dp_comm) +
+       ", \"optimizer\": " + json_number(t.optimizer) + "}";
   return o + "}";
 }
 
@@ -149,6 +158,7 @@ inline std::string main_loss(const plan& better, const plan& loser, const std::s
       {"pipeline sends take", a.pp_comm / a.step, z.pp_comm / z.step},
       {"exposed data-parallel communication takes", a.dp_comm / a.step, z.dp_comm / z.step},
       {"the context-parallel exchange takes", a.cp_comm / a.step, z.cp_comm / z.step},
+      {"the expert-parallel all-to-all takes", a.ep_comm / a.step, z.ep_comm / z.step},
       {"recomputation takes", a.recompute / a.step, z.recompute / z.step},
       {"the optimizer step takes", a.optimizer / a.step, z.optimizer / z.step},
   };
@@ -191,6 +201,7 @@ inline explanation explain(const plan& winner, const model_desc& model, const cl
       const plan& p = *alt.best;
       auto same = [](const layout_choice& x, const layout_choice& y) {
         return x.parallel.tp == y.parallel.tp && x.parallel.cp == y.parallel.cp && x.parallel.pp == y.parallel.pp && x.parallel.dp == y.parallel.dp && x.parallel.virtual_stages == y.parallel.virtual_stages &&
+               x.parallel.ep == y.parallel.ep && x.parallel.expert_tp == y.parallel.expert_tp &&
                x.micro_batch == y.micro_batch && x.recompute_mode == y.recompute_mode && x.sharding_mode == y.sharding_mode;
       };
       for (const alternative& seen : e.alternatives)
@@ -224,6 +235,12 @@ inline explanation explain(const plan& winner, const model_desc& model, const cl
   if (w.recompute_mode != recompute::none) consider("no recomputation", {.recompute_mode = recompute::none});
   if (w.recompute_mode != recompute::full) consider("full recomputation", {.recompute_mode = recompute::full});
   if (w.sharding_mode != sharding::none) consider("no sharding", {.sharding_mode = sharding::none});
+  // Mixtures of experts: the experts not split (ep = 1) or split twice as far.
+  if (is_moe(model)) {
+    if (w.parallel.ep > 1) consider("no expert parallelism (ep=1)", {.ep = 1});
+    if (model.experts % (w.parallel.ep * 2) == 0)
+      consider("twice the expert parallelism (ep=" + std::to_string(w.parallel.ep * 2) + ")", {.ep = w.parallel.ep * 2});
+  }
   return e;
 }
 

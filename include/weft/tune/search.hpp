@@ -18,6 +18,7 @@ namespace weft::tune {
 /// Fields of a layout the search must keep; 0 (or empty) leaves the field free.
 struct layout_constraint {
   int tp = 0, cp = 0, pp = 0, dp = 0, vp = 0, micro_batch = 0;
+  int ep = 0, expert_tp = 0;  ///< expert parallelism (mixtures of experts only)
   std::optional<recompute> recompute_mode{};
   std::optional<sharding> sharding_mode{};
 };
@@ -79,7 +80,11 @@ constexpr bool keep(int fixed, int value) noexcept { return fixed == 0 || fixed 
 /// Rules: tp divides the heads and the key/value heads and fits in a node; cp splits the sequence
 /// into 2 cp chunks; pp x vp divides the layers (unless allow_uneven_stages); dp x micro-batch
 /// divides the global batch; at least pp micro-batches per step (a multiple of pp when
-/// interleaved); the busiest stage fits in memory. The divisibility rules are weft::layout's
+/// interleaved); the busiest stage fits in memory. For a mixture of experts, Megatron-Core's
+/// rules for the expert grid: ep divides the experts; ep x expert-tp divides tp x cp x dp (the
+/// ranks of a pipeline stage; what remains is the expert data-parallel size); expert-tp is tp or
+/// 1 (Megatron-Core's parallel folding) and fits in a node; ep > 1 with tp > 1 needs sequence
+/// parallelism. The divisibility rules are weft::layout's
 /// (model_shape.hpp). Plans with equal step times stay in the order the loops meet them, smaller
 /// tp, cp and pp first: of tied layouts the simpler ranks higher. Throws weft::error for an
 /// unusable model or job.
@@ -119,43 +124,55 @@ inline search_result search(const model_desc& model, const cluster_desc& cluster
           if (per_dp % mb || !detail::keep(fx.micro_batch, mb)) continue;
           const int m = per_dp / mb;
           if (pp > 1 && m < pp) break;  // larger micro-batches only make fewer
-          const detail::layer_costs costs = ev.costs(tp, cp, sp, mb);
           bool any_fit = false;
-          for (int sh = 0; sh <= static_cast<int>(sw.max_sharding); ++sh) {
-            const auto shard = static_cast<sharding>(sh);
-            if (fx.sharding_mode && *fx.sharding_mode != shard) continue;
-            if (shard != sharding::none && dp * cp == 1) continue;  // nothing to shard over
-            if (shard >= sharding::gradients && pp > 1 && !sw.sharding_with_pipeline) continue;
-            for (int vp = 1; vp <= (pp > 1 && sw.interleaved_schedule ? options.max_vp : 1); ++vp) {
-              if (!detail::keep(fx.vp, vp)) continue;
-              if (vp > 1 && ((!weft::layout::pp_splits_layers(model.layers, pp, vp) && !options.allow_uneven_stages) ||
-                             pp * vp > model.layers || m % pp))
-                continue;
-              for (int rc = 0; rc <= 2; ++rc) {
-                const auto mode = static_cast<recompute>(rc);
-                if (fx.recompute_mode && *fx.recompute_mode != mode) continue;
-                // Selective recomputation only saves the attention scores a fused kernel never stores.
-                if (mode == recompute::selective && sw.flash_attention && !fx.recompute_mode) continue;
-                if (mode == recompute::selective && !sw.selective_recompute && !fx.recompute_mode) continue;
-                const layout_choice l{
-                    .parallel = {.world_size = gpus, .tp = tp, .cp = cp, .pp = pp, .dp = dp, .virtual_stages = vp},
-                    .micro_batch = mb, .recompute_mode = mode, .sharding_mode = shard, .sequence_parallel = sp};
-                ++result.layouts_valid;
-                const memory_breakdown mem = ev.memory(l, costs);
-                if (mem.total > usable) {
-                  if (mem.total < smallest_memory) {
-                    smallest_memory = mem.total;
-                    result.smallest = ev.evaluate(l, costs);
+          // Expert layouts: ep dividing the experts, expert-tp tp or 1, ep x expert-tp dividing the
+          // stage's tp x cp x dp ranks. A dense model has one: ep = 1, expert-tp = tp.
+          const int max_ep = is_moe(model) ? std::min(model.experts, tp * cp * dp) : 1;
+          for (int ep = 1; ep <= max_ep; ++ep) {
+            if (!weft::layout::ep_splits_experts(model.experts, ep) || !detail::keep(fx.ep, ep)) continue;
+            if (ep > 1 && tp > 1 && !sp) continue;  // Megatron-Core: ep with tp needs sequence parallelism
+            for (int folded = 0; folded <= (is_moe(model) && tp > 1 ? 1 : 0); ++folded) {
+              const int etp = folded ? 1 : tp;
+              if (!detail::keep(fx.expert_tp, etp) || (tp * cp * dp) % (ep * etp)) continue;
+              const detail::layer_costs costs = ev.costs(tp, cp, sp, mb, ep, etp);
+              for (int sh = 0; sh <= static_cast<int>(sw.max_sharding); ++sh) {
+                const auto shard = static_cast<sharding>(sh);
+                if (fx.sharding_mode && *fx.sharding_mode != shard) continue;
+                if (shard != sharding::none && dp * cp == 1) continue;  // nothing to shard over
+                if (shard >= sharding::gradients && pp > 1 && !sw.sharding_with_pipeline) continue;
+                for (int vp = 1; vp <= (pp > 1 && sw.interleaved_schedule ? options.max_vp : 1); ++vp) {
+                  if (!detail::keep(fx.vp, vp)) continue;
+                  if (vp > 1 && ((!weft::layout::pp_splits_layers(model.layers, pp, vp) && !options.allow_uneven_stages) ||
+                                 pp * vp > model.layers || m % pp))
+                    continue;
+                  for (int rc = 0; rc <= 2; ++rc) {
+                    const auto mode = static_cast<recompute>(rc);
+                    if (fx.recompute_mode && *fx.recompute_mode != mode) continue;
+                    // Selective recomputation only saves the attention scores a fused kernel never stores.
+                    if (mode == recompute::selective && sw.flash_attention && !fx.recompute_mode) continue;
+                    if (mode == recompute::selective && !sw.selective_recompute && !fx.recompute_mode) continue;
+                    const layout_choice l{
+                        .parallel = {.world_size = gpus, .tp = tp, .cp = cp, .ep = ep, .pp = pp, .dp = dp,
+                                     .expert_tp = etp == tp ? 0 : etp, .virtual_stages = vp},
+                        .micro_batch = mb, .recompute_mode = mode, .sharding_mode = shard, .sequence_parallel = sp};
+                    ++result.layouts_valid;
+                    const memory_breakdown mem = ev.memory(l, costs);
+                    if (mem.total > usable) {
+                      if (mem.total < smallest_memory) {
+                        smallest_memory = mem.total;
+                        result.smallest = ev.evaluate(l, costs);
+                      }
+                      continue;  // try more recomputation
+                    }
+                    any_fit = true;
+                    ++result.layouts_evaluated;
+                    best.offer(ev.evaluate(l, costs));
+                    break;  // more recomputation only adds time
                   }
-                  continue;  // try more recomputation
                 }
-                any_fit = true;
-                ++result.layouts_evaluated;
-                best.offer(ev.evaluate(l, costs));
-                break;  // more recomputation only adds time
               }
-            }
-          }
+            }  // expert-tp
+          }  // ep
           if (!any_fit && !fx.micro_batch) break;  // a larger micro-batch needs even more memory
         }
       }
