@@ -21,9 +21,12 @@ namespace weft_plan {
 using namespace weft::tune;
 
 inline constexpr const char* usage = R"(usage: weft-plan [model] [cluster] [job] [options]
-model:   --model NAME (gpt3-175b, llama2-7b, llama3-8b, llama3-70b, llama3-405b) or
-         --layers L --hidden H --heads A [--kv-heads K] [--ffn F] [--swiglu] --seq S --vocab V
-         [--params P] [--tied-embeddings] [--dropout]   (fields given after --model override it)
+model:   --model NAME (gpt3-175b, llama2-7b, llama3-8b, llama3-70b, llama3-405b, mixtral-8x7b,
+         mixtral-8x22b, qwen3-30b-a3b, qwen3-235b-a22b) or
+         --layers L --hidden H --heads A [--kv-heads K] [--head-dim D] [--ffn F] [--swiglu] --seq S
+         --vocab V [--params P] [--tied-embeddings] [--dropout]   (fields given after --model override it)
+         mixture of experts: --moe-experts E [--moe-top-k K (2)] [--moe-every N (1: layers i with
+         i % N == 0 are MoE)] [--moe-ffn F (one expert's MLP size; --ffn)] [--moe-shared-experts S]
 cluster: --gpu NAME (A100-40GB, A100-80GB, H100, H200, B200, L40S) --gpus N [--gpus-per-node G]
          or --cluster small|large --gpus N (the reference clusters: 4 x A100 80GB nodes with
          200 Gb/s per node, or 8 x H100 nodes with 400 Gb/s per GPU; --gpu is then optional)
@@ -33,7 +36,7 @@ job:     --global-batch B (sequences) | --global-batch-tokens T; [--tokens T] [-
          [--fp8]   numbers accept K, M, B/G, T suffixes (1T = 1e12)
 layout (evaluate instead of search; unset fields are searched):
          --tp --pp --dp --cp --vp --micro-batch N --recompute none|selective|full
-         --sharding none|optimizer|gradients|full
+         --sharding none|optimizer|gradients|full --ep --expert-tp (mixtures of experts)
 options: --top K (5) --explain --json --uneven-stages
          --no-flash --no-sequence-parallel --no-interleaving --no-context-parallel --no-overlap
          --max-sharding none|optimizer|gradients|full
@@ -87,7 +90,9 @@ struct arguments {
 
 inline arguments parse(int argc, const char* const* argv) {
   static const std::vector<std::string_view> with_value = {
-      "--model", "--cluster", "--layers", "--hidden", "--heads", "--kv-heads", "--ffn", "--seq", "--vocab", "--params", "--gpu",
+      "--model", "--cluster", "--layers", "--hidden", "--heads", "--kv-heads", "--head-dim", "--ffn", "--seq", "--vocab",
+      "--params", "--moe-experts", "--moe-top-k", "--moe-every", "--moe-ffn", "--moe-shared-experts", "--ep", "--expert-tp",
+      "--gpu",
       "--gpus", "--gpus-per-node", "--nvlink-gbytes", "--network-gbits", "--oversubscription", "--global-batch",
       "--global-batch-tokens", "--tokens", "--price", "--tp", "--pp", "--dp", "--cp", "--vp", "--micro-batch",
       "--recompute", "--sharding", "--top", "--claim-days", "--validate", "--max-sharding", "--probe", "--hardware"};
@@ -129,6 +134,13 @@ inline model_desc read_model(const arguments& a) {
   if (a.has("--heads")) m.heads = parse_count("--heads", a.get("--heads"), max_layers);
   if (a.has("--kv-heads")) m.kv_heads = parse_count("--kv-heads", a.get("--kv-heads"), max_layers);
   if (a.has("--ffn")) m.ffn = parse_count("--ffn", a.get("--ffn"), max_width);
+  if (a.has("--head-dim")) m.head_dim = parse_count("--head-dim", a.get("--head-dim"), max_width);
+  if (a.has("--moe-experts")) m.experts = parse_count("--moe-experts", a.get("--moe-experts"), max_layers);
+  if (a.has("--moe-top-k")) m.top_k = parse_count("--moe-top-k", a.get("--moe-top-k"), max_layers);
+  if (a.has("--moe-every")) m.moe_every = parse_count("--moe-every", a.get("--moe-every"), max_layers);
+  if (a.has("--moe-ffn")) m.expert_ffn = parse_count("--moe-ffn", a.get("--moe-ffn"), max_width);
+  if (a.has("--moe-shared-experts"))
+    m.shared_experts = parse_count("--moe-shared-experts", a.get("--moe-shared-experts"), max_layers, 0);
   if (a.has("--seq")) m.seq = parse_count("--seq", a.get("--seq"), max_width);
   if (a.has("--vocab")) m.vocab = parse_count("--vocab", a.get("--vocab"), max_width);
   if (a.has("--params")) m.params = parse_number("--params", a.get("--params"), 0, 1e16);
@@ -238,6 +250,8 @@ inline search_options read_options(const arguments& a) {
   if (a.has("--pp")) f.pp = parse_count("--pp", a.get("--pp"), max_gpus);
   if (a.has("--dp")) f.dp = parse_count("--dp", a.get("--dp"), max_gpus);
   if (a.has("--cp")) f.cp = parse_count("--cp", a.get("--cp"), max_gpus);
+  if (a.has("--ep")) f.ep = parse_count("--ep", a.get("--ep"), max_gpus);
+  if (a.has("--expert-tp")) f.expert_tp = parse_count("--expert-tp", a.get("--expert-tp"), max_gpus);
   if (a.has("--vp")) f.vp = parse_count("--vp", a.get("--vp"), max_layers);
   if (a.has("--micro-batch")) f.micro_batch = parse_count("--micro-batch", a.get("--micro-batch"), max_global_batch);
   if (a.has("--recompute")) {

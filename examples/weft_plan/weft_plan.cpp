@@ -47,7 +47,8 @@ std::string no_fit_advice(const search_result& result, const search_options& opt
 }
 
 bool has_layout(const layout_constraint& f) {
-  return f.tp || f.pp || f.dp || f.cp || f.vp || f.micro_batch || f.recompute_mode || f.sharding_mode;
+  return f.tp || f.pp || f.dp || f.cp || f.vp || f.micro_batch || f.recompute_mode || f.sharding_mode || f.ep ||
+         f.expert_tp;
 }
 
 /// The best plan when one given field is let go, as "nearest valid alternative: ...".
@@ -56,7 +57,8 @@ std::string nearest_alternative(const model_desc& m, const cluster_desc& c, cons
   o.top = 1;
   using field = int layout_constraint::*;
   const field order[] = {&layout_constraint::dp, &layout_constraint::tp, &layout_constraint::pp,
-                         &layout_constraint::cp, &layout_constraint::vp, &layout_constraint::micro_batch};
+                         &layout_constraint::cp, &layout_constraint::ep, &layout_constraint::expert_tp,
+                         &layout_constraint::vp, &layout_constraint::micro_batch};
   for (field f : order) {
     if (!(given.*f)) continue;
     o.fixed = given;
@@ -74,6 +76,13 @@ std::string nearest_alternative(const model_desc& m, const cluster_desc& c, cons
 void check_given_layout(const model_desc& m, const cluster_desc& c, const job_desc& j, const search_options& o) {
   const layout_constraint& f = o.fixed;
   const int gpus = gpu_count(c);
+  // Expert parallelism: Megatron-Core's rules, each with one message.
+  if ((f.ep > 1 || f.expert_tp) && !is_moe(m))
+    bad_input("invalid layout: --ep and --expert-tp split the experts of a mixture of experts, and this model has none "
+              "(give --moe-experts)");
+  if (f.ep > 1 && !weft::layout::ep_splits_experts(m.experts, f.ep))
+    bad_input("invalid layout: " + std::to_string(m.experts) + " experts do not divide over ep = " + std::to_string(f.ep) +
+              "; choose ep dividing the experts");
   auto divides_heads = [&](int tp) { return weft::layout::tp_splits_heads(m.heads, kv_heads_of(m), tp); };
   if (f.tp && (!divides_heads(f.tp) || f.tp > c.node.gpus_per_node)) {
     int lower = f.tp, higher = f.tp;
@@ -100,9 +109,10 @@ void check_given_layout(const model_desc& m, const cluster_desc& c, const job_de
   }
   // Everything given: use the cost model's own rules for the precise reason.
   if (f.tp && f.pp && f.dp) {
-    layout_choice l{.parallel = {.world_size = gpus, .tp = f.tp, .cp = f.cp ? f.cp : 1, .pp = f.pp, .dp = f.dp,
-                                 .virtual_stages = f.vp ? f.vp : 1},
-                    .micro_batch = f.micro_batch ? f.micro_batch : 1};
+    layout_choice l{.parallel = {.world_size = gpus, .tp = f.tp, .cp = f.cp ? f.cp : 1, .ep = f.ep ? f.ep : 1, .pp = f.pp,
+                                 .dp = f.dp, .expert_tp = f.expert_tp, .virtual_stages = f.vp ? f.vp : 1},
+                    .micro_batch = f.micro_batch ? f.micro_batch : 1,
+                    .sequence_parallel = f.tp > 1 && o.software.sequence_parallel};
     if (std::string problem = layout_problem(m, c, j, l, o.allow_uneven_stages); !problem.empty())
       bad_input("invalid layout: " + problem + "; " + nearest_alternative(m, c, j, o));
   }

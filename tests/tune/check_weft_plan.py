@@ -174,6 +174,35 @@ for flag in ["--layers", "--hidden", "--heads", "--kv-heads", "--ffn", "--seq", 
         check(r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith(f"weft-plan: {flag} "),
               f"{name}: exit {r.returncode}, {r.stderr!r}")
 
+# Mixtures of experts: the flags, ep in the search and in --json, the all-to-all in --explain, and
+# one line of exit status 2 for each bad input.
+MOE = ["--layers", "8", "--hidden", "1024", "--heads", "16", "--seq", "2048", "--vocab", "32000", "--ffn", "4096",
+       "--swiglu", "--moe-experts", "8", "--moe-top-k", "2", "--moe-every", "1"]
+r = run(*MOE, "--gpu", "H100", "--gpus", "16", "--global-batch", "64", "--ep", "8", "--tp", "1", "--pp", "1",
+        "--json", "--explain")
+check(r.returncode == 0, f"MoE evaluate exit {r.returncode}: {r.stderr}")
+if r.returncode == 0:
+    out = json.loads(r.stdout)
+    p = out["plans"][0]
+    check(p["ep"] == 8 and p["expert_tp"] == 1 and p["time_s"]["ep_comm"] > 0,
+          f"the plan keeps ep 8 and charges the all-to-all: {p}")
+r = run(*MOE, "--gpu", "H100", "--gpus", "16", "--global-batch", "64", "--ep", "8", "--tp", "1", "--pp", "1",
+        "--explain")
+check("EP all-to-all" in r.stdout, f"--explain shows the all-to-all term: {r.stdout!r}")
+r = run("--model", "mixtral-8x7b", "--gpu", "H100", "--gpus", "64", "--global-batch", "256", "--json")
+check(r.returncode == 0 and json.loads(r.stdout)["plans"][0]["ep"] > 1,
+      f"Mixtral 8x7B on 64 H100 splits its experts: {r.stdout[:300]!r} {r.stderr!r}")
+for args, message in [
+    (["--moe-top-k", "9"], "weft-plan: weft: tune: top-k = 9 is more than the 8 experts: a token is routed to at most "
+                           "every expert; give --moe-top-k from 1 to 8\n"),
+    (["--ep", "3"], "weft-plan: invalid layout: 8 experts do not divide over ep = 3; choose ep dividing the experts\n"),
+]:
+    r = run(*MOE, *args, "--gpu", "H100", "--gpus", "16", "--global-batch", "64")
+    check(r.returncode == 2 and r.stderr == message, f"{args}: exit {r.returncode}, {r.stderr!r}")
+r = run(*LLAMA7, "--gpu", "H100", "--gpus", "16", "--global-batch", "64", "--ep", "2")
+check(r.returncode == 2 and r.stderr.count("\n") == 1 and "has none" in r.stderr,
+      f"--ep on a dense model: exit {r.returncode}, {r.stderr!r}")
+
 if failures:
     print("FAILED:\n  " + "\n  ".join(failures))
     sys.exit(1)
