@@ -16,6 +16,10 @@
 ///    the network (ring all-reduce bound), overlapped with the backward pass where allowed;
 ///  - GEMM efficiency d / (d + d_half) in the GEMM's smallest dimension d, with d_half scaled by
 ///    the GPU's ridge point, peak / memory bandwidth (the roofline, Williams et al. 2009).
+///  - mixtures of experts (Megatron-Core's MoE layer and expert grid): the router and the top-k
+///    experts' FLOPs, grouped expert GEMMs, 4 all-to-alls of the routed tokens per MoE layer per
+///    micro-batch over the ep group, routed experts split by ep x expert-tp and their state
+///    sharded over the expert data-parallel group (docs/tuning.md, "Mixtures of experts").
 /// Everything is a pure function of its inputs.
 
 #include <algorithm>
