@@ -83,6 +83,10 @@ void check_given_layout(const model_desc& m, const cluster_desc& c, const job_de
   if (f.ep > 1 && !weft::layout::ep_splits_experts(m.experts, f.ep))
     bad_input("invalid layout: " + std::to_string(m.experts) + " experts do not divide over ep = " + std::to_string(f.ep) +
               "; choose ep dividing the experts");
+  // ep x expert-tp divides tp x cp x dp, a stage's ranks, so it divides the GPUs whatever pp is.
+  if (const int etp = f.expert_tp ? f.expert_tp : f.tp; f.ep > 1 && etp && gpus % (std::int64_t{f.ep} * etp) != 0)
+    bad_input("invalid layout: ep x expert-tp = " + std::to_string(std::int64_t{f.ep} * etp) + " does not divide the " +
+              std::to_string(gpus) + " GPUs (it must divide tp x cp x dp, the ranks of a pipeline stage)");
   auto divides_heads = [&](int tp) { return weft::layout::tp_splits_heads(m.heads, kv_heads_of(m), tp); };
   if (f.tp && (!divides_heads(f.tp) || f.tp > c.node.gpus_per_node)) {
     int lower = f.tp, higher = f.tp;

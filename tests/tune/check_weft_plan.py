@@ -196,6 +196,9 @@ for args, message in [
     (["--moe-top-k", "9"], "weft-plan: weft: tune: top-k = 9 is more than the 8 experts: a token is routed to at most "
                            "every expert; give --moe-top-k from 1 to 8\n"),
     (["--ep", "3"], "weft-plan: invalid layout: 8 experts do not divide over ep = 3; choose ep dividing the experts\n"),
+    (["--ep", "8", "--tp", "4", "--expert-tp", "4"],
+     "weft-plan: invalid layout: ep x expert-tp = 32 does not divide the 16 GPUs (it must divide tp x cp x dp, "
+     "the ranks of a pipeline stage)\n"),
 ]:
     r = run(*MOE, *args, "--gpu", "H100", "--gpus", "16", "--global-batch", "64")
     check(r.returncode == 2 and r.stderr == message, f"{args}: exit {r.returncode}, {r.stderr!r}")
