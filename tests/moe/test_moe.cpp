@@ -146,6 +146,8 @@ TEST_CASE("all_to_allv with counts that do not pair up: the same error on every 
   REQUIRE_THROWS_WITH(world.all_to_allv(send, std::span<const std::size_t>(send_counts), recv,
                                         std::span<const std::size_t>(recv_counts)),
                       Contains("do not pair up") && Contains("rank 1 sends 1 to rank 0, which expects 2"));
+  // The refused call is recorded as failed, not left pending for the watchdog.
+  for (const auto& record : world.recorder().snapshot()) CHECK(weft::trace::finished(record.state));
   world.all_to_allv(send, std::span<const std::size_t>(send_counts), recv,
                     std::span<const std::size_t>(std::vector<std::size_t>(P, 1)));  // still usable
 }

@@ -849,8 +849,14 @@ class communicator {
     if (sent > 0 && received > 0 && static_cast<const void*>(s.data()) == static_cast<const void*>(r.data()))
       fail(where("all_to_allv") + ": send and recv are the same buffer; all_to_allv is not in place");
     agree_on_call(trace::operation::all_to_allv, ranks, dtype_of<buffer_element_t<R>>, reduce_op::sum, -1);
-    if (checks_ == check_level::communication) [[unlikely]]
-      agree_on_counts(send_counts, recv_counts);
+    if (checks_ == check_level::communication) [[unlikely]] {
+      try {
+        agree_on_counts(send_counts, recv_counts);
+      } catch (...) {
+        recorder_->finish(std::exchange(checked_sequence_, 0), false);  // the call check recorded it
+        throw;
+      }
+    }
     account(sent * sizeof(buffer_element_t<R>));
     // Recorded with the group size as its count: the counts differ across ranks, and the
     // recorder's fingerprint and weft-trace-diff compare counts across ranks.
