@@ -40,6 +40,14 @@
 #include <weft/layout/model_shape.hpp>
 #include <weft/layout/node_placement.hpp>
 #include <weft/layout/process_groups.hpp>
+#include <weft/moe/balance_loss.hpp>
+#include <weft/moe/dispatcher.hpp>
+#include <weft/moe/experts.hpp>
+#include <weft/moe/gemm.hpp>
+#include <weft/moe/layer.hpp>
+#include <weft/moe/permutation.hpp>
+#include <weft/moe/router.hpp>
+#include <weft/moe/shape.hpp>
 #include <weft/launch/device.hpp>
 #include <weft/launch/resolve.hpp>
 #include <weft/pipeline/schedules.hpp>

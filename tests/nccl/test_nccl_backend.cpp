@@ -290,6 +290,39 @@ TEMPLATE_TEST_CASE("NCCL all_to_all in and out of place", "[nccl][gpu]", WEFT_AL
     }
 }
 
+TEST_CASE("NCCL all_to_allv on ragged counts with zeros, and the count exchange", "[nccl][gpu]") {
+  auto& comm = world();
+  const int p = comm.size(), r = comm.rank();
+  // Elements `from` sends `to`: rank 0 sends nothing, the last rank receives nothing.
+  auto count = [p](int from, int to) -> std::size_t {
+    return from == 0 || to == p - 1 ? 0 : static_cast<std::size_t>((from * 3 + to * 5) % 4 + 1);
+  };
+  std::vector<std::size_t> send_counts, recv_counts;
+  std::vector<float> mine, want;
+  std::vector<std::int64_t> counts_out, counts_in(static_cast<std::size_t>(p), -1), counts_want;
+  for (int peer = 0; peer < p; ++peer) {
+    send_counts.push_back(count(r, peer));
+    recv_counts.push_back(count(peer, r));
+    counts_out.push_back(static_cast<std::int64_t>(count(r, peer)));
+    counts_want.push_back(static_cast<std::int64_t>(count(peer, r)));
+    for (std::size_t k = 0; k < count(r, peer); ++k) mine.push_back(make<float>(tagged(r, peer, k)));
+    for (std::size_t k = 0; k < count(peer, r); ++k) want.push_back(make<float>(tagged(peer, r, k)));
+  }
+  comm.exchange_counts(counts_out, counts_in);
+  REQUIRE(counts_in == counts_want);
+  for (mode m : both_modes) {
+    device_array<float> send(mine), recv(want.size());
+    if (m == mode::blocking)
+      comm.all_to_allv(send.span(), std::span<const std::size_t>(send_counts), recv.span(),
+                       std::span<const std::size_t>(recv_counts));
+    else
+      comm.all_to_allv_async(send.span(), std::span<const std::size_t>(send_counts), recv.span(),
+                             std::span<const std::size_t>(recv_counts))
+          .wait();
+    REQUIRE(recv.download() == want);
+  }
+}
+
 TEST_CASE("NCCL point to point: a ring, single and batched, blocking and async", "[nccl][gpu]") {
   auto& comm = world();
   const int p = comm.size();

@@ -370,6 +370,52 @@ class communicator {
     all_to_all_impl(std::as_const(inout), inout, completion::blocking).wait();
   }
 
+  // ---- all_to_allv: ragged blocks (MoE token dispatch and combine) ---------------------------
+  /// Block j of `send` (send_counts[j] elements) goes to rank j; block i of `recv` (recv_counts[i]
+  /// elements) comes from rank i; blocks lie back to back in rank order, and any count may be 0.
+  /// Rank i's send_counts[j] must equal rank j's recv_counts[i]: get the receive counts with
+  /// exchange_counts first. At check_level::agreement the ranks agree on the call (operation and
+  /// dtype) inside the collective; at check_level::communication every pair's counts are
+  /// compared too, so a mismatch is the same error on every rank. Not in place.
+  template <buffer S, mutable_buffer R>
+    requires requires(native_type& c, const void* s, void* r, std::span<const std::size_t> n, dtype t) {
+      c.all_to_allv(s, n, r, n, t, completion::async);
+    }
+  request all_to_allv_async(S&& send, std::span<const std::size_t> send_counts, R&& recv,
+                            std::span<const std::size_t> recv_counts) {
+    return all_to_allv_impl(send, send_counts, recv, recv_counts, completion::async);
+  }
+  template <buffer S, mutable_buffer R>
+    requires requires(native_type& c, const void* s, void* r, std::span<const std::size_t> n, dtype t) {
+      c.all_to_allv(s, n, r, n, t, completion::blocking);
+    }
+  void all_to_allv(S&& send, std::span<const std::size_t> send_counts, R&& recv,
+                   std::span<const std::size_t> recv_counts) {
+    all_to_allv_impl(send, send_counts, recv, recv_counts, completion::blocking).wait();
+  }
+
+  /// The count exchange before an all_to_allv: `send` holds size() blocks of equal length, block
+  /// j for rank j; `recv` (the same length) receives block i from rank i. Host values on every
+  /// backend: an all_to_all where buffers are host memory, an all-gather of the (small) count
+  /// blocks through the backend's host path on device backends. Recorded and held to the
+  /// deadline like any collective.
+  void exchange_counts(std::span<const std::int64_t> send, std::span<std::int64_t> recv) {
+    expect_equal("exchange_counts", "send", send.size(), "recv", recv.size());
+    if (send.size() % static_cast<std::size_t>(size()) != 0)
+      fail(where("exchange_counts") + ": " + std::to_string(send.size()) +
+           " counts do not split into equal blocks for " + std::to_string(size()) + " ranks");
+    if constexpr (buffer_memory_v<B> == memory_space::host) {
+      all_to_all_impl(send, recv, completion::blocking).wait();
+    } else {
+      const std::size_t block = send.size() / static_cast<std::size_t>(size());
+      std::vector<std::int64_t> all(send.size() * static_cast<std::size_t>(size()));
+      host_all_gather(send, all);
+      for (std::size_t from = 0; from < static_cast<std::size_t>(size()); ++from)
+        std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(from * send.size() + static_cast<std::size_t>(rank()) * block),
+                    block, recv.begin() + static_cast<std::ptrdiff_t>(from * block));
+    }
+  }
+
   // ---- point to point ----------------------------------------------------------------------
   template <buffer S>
   request send_async(S&& data, int peer) {
@@ -785,6 +831,62 @@ class communicator {
                     [&](completion mode) {
                       return native_.all_to_all(s.data(), r.data(), block, dtype_of<buffer_element_t<R>>, mode);
                     });
+  }
+
+  template <class S, class R>
+  request all_to_allv_impl(S&& send, std::span<const std::size_t> send_counts, R&& recv,
+                           std::span<const std::size_t> recv_counts, completion how) {
+    auto [s, r] = same_typed("all_to_allv", send, recv);
+    const std::size_t ranks = static_cast<std::size_t>(size());
+    expect_equal("all_to_allv", "send_counts", send_counts.size(), "the group", ranks);
+    expect_equal("all_to_allv", "recv_counts", recv_counts.size(), "the group", ranks);
+    std::size_t sent = 0, received = 0;
+    for (std::size_t i = 0; i < ranks; ++i) sent += send_counts[i], received += recv_counts[i];
+    if (s.size() < sent || r.size() < received)
+      fail(where("all_to_allv") + ": the counts need " + std::to_string(sent) + " elements to send and " +
+           std::to_string(received) + " to receive, but send has " + std::to_string(s.size()) + " and recv " +
+           std::to_string(r.size()) + "; pass buffers at least as long as the counts' sums");
+    if (sent > 0 && received > 0 && static_cast<const void*>(s.data()) == static_cast<const void*>(r.data()))
+      fail(where("all_to_allv") + ": send and recv are the same buffer; all_to_allv is not in place");
+    agree_on_call(trace::operation::all_to_allv, ranks, dtype_of<buffer_element_t<R>>, reduce_op::sum, -1);
+    if (checks_ == check_level::communication) [[unlikely]] {
+      try {
+        agree_on_counts(send_counts, recv_counts);
+      } catch (...) {
+        recorder_->finish(std::exchange(checked_sequence_, 0), false);  // the call check recorded it
+        throw;
+      }
+    }
+    account(sent * sizeof(buffer_element_t<R>));
+    // Recorded with the group size as its count: the counts differ across ranks, and the
+    // recorder's fingerprint and weft-trace-diff compare counts across ranks.
+    return dispatch(how, trace::operation::all_to_allv, dtype_of<buffer_element_t<R>>, ranks, -1, -1,
+                    [&](completion mode) {
+                      return native_.all_to_allv(s.data(), send_counts, r.data(), recv_counts,
+                                                 dtype_of<buffer_element_t<R>>, mode);
+                    });
+  }
+
+  /// check_level::communication on an all_to_allv: every rank gathers every rank's send and
+  /// receive counts, so that all see the same pairs that disagree and throw the same error.
+  [[gnu::noinline]] void agree_on_counts(std::span<const std::size_t> send_counts,
+                                         std::span<const std::size_t> recv_counts) {
+    const std::size_t ranks = static_cast<std::size_t>(size());
+    std::vector<std::int64_t> mine(2 * ranks), all(2 * ranks * ranks);
+    for (std::size_t i = 0; i < ranks; ++i)
+      mine[i] = static_cast<std::int64_t>(send_counts[i]), mine[ranks + i] = static_cast<std::int64_t>(recv_counts[i]);
+    host_all_gather(mine, all);
+    std::string pairs;
+    for (std::size_t from = 0; from < ranks; ++from)
+      for (std::size_t to = 0; to < ranks; ++to) {
+        const std::int64_t sends = all[from * 2 * ranks + to], expects = all[to * 2 * ranks + ranks + from];
+        if (sends != expects)
+          pairs += "\n  rank " + std::to_string(from) + " sends " + std::to_string(sends) + " to rank " +
+                   std::to_string(to) + ", which expects " + std::to_string(expects);
+      }
+    if (!pairs.empty())
+      fail(where("all_to_allv") + ": the ranks' counts do not pair up:" + pairs +
+           "\nrank i's send_counts[j] must equal rank j's recv_counts[i]; exchange the counts first (exchange_counts)");
   }
 
   template <class S>

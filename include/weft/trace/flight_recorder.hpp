@@ -56,7 +56,7 @@ struct flight_record {
   std::uint64_t sequence = 0;  ///< 1, 2, ... per communicator, in issue order
   operation op = operation::all_reduce;
   dtype type = dtype::uint8;
-  std::uint64_t count = 0;  ///< elements (per rank's block for all_gather / reduce_scatter / all_to_all)
+  std::uint64_t count = 0;  ///< elements (per rank's block for all_gather / reduce_scatter / all_to_all; the group size for all_to_allv)
   int peer = -1;            ///< p2p peer or collective root (rank in the group); -1: none
   int reduction = -1;       ///< the reduce_op's value for reducing operations; -1: none
   op_state state = op_state::issued;

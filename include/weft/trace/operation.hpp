@@ -13,16 +13,17 @@ namespace weft::trace {
 /// Every operation a communicator issues; `split` and `dup` make a communicator (collective over
 /// the parent, and held to its deadline like the others).
 enum class operation : std::uint8_t {
-  all_reduce, reduce, broadcast, all_gather, reduce_scatter, all_to_all, barrier, send, recv, p2p_batch, split, dup
+  all_reduce, reduce, broadcast, all_gather, reduce_scatter, all_to_all, barrier, send, recv, p2p_batch, split, dup,
+  all_to_allv  ///< ragged blocks (MoE token dispatch); last, so that earlier operations keep their numbers
 };
 
 /// issued -> started -> completed or failed. `untracked`: an async operation of a backend that
 /// does not report completion to the recorder (no deadline applies to it).
 enum class op_state : std::uint8_t { issued, started, completed, failed, untracked };
 
-inline constexpr std::array<std::string_view, 12> operation_names = {
+inline constexpr std::array<std::string_view, 13> operation_names = {
     "all_reduce", "reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all",
-    "barrier",    "send",   "recv",      "p2p_batch",  "split",          "dup"};
+    "barrier",    "send",   "recv",      "p2p_batch",  "split",          "dup", "all_to_allv"};
 inline constexpr std::array<std::string_view, 5> op_state_names = {"issued", "started", "completed", "failed",
                                                                    "untracked"};
 

@@ -396,6 +396,32 @@ struct mpi_backend {
       });
     }
 
+    /// Block j of `send` (send_counts[j] elements) goes to rank j; block i of `recv`
+    /// (recv_counts[i] elements) comes from rank i; blocks lie back to back in rank order. Zero
+    /// counts are fine (a rank may send or receive nothing). Not in place.
+    request all_to_allv(const void* send, std::span<const std::size_t> send_counts, void* recv,
+                        std::span<const std::size_t> recv_counts, dtype t, completion how) {
+      MPI_Comm c = handle_;
+      std::vector<int> layout(4 * static_cast<std::size_t>(size_));  // send counts, send displs, recv counts, recv displs
+      const std::size_t ranks = static_cast<std::size_t>(size_);
+      std::size_t send_at = 0, recv_at = 0;
+      for (std::size_t r = 0; r < ranks; ++r) {
+        layout[r] = checked_count(send_counts[r]);
+        layout[ranks + r] = checked_count(send_at);
+        layout[2 * ranks + r] = checked_count(recv_counts[r]);
+        layout[3 * ranks + r] = checked_count(recv_at);
+        send_at += send_counts[r];
+        recv_at += recv_counts[r];
+      }
+      const call_shape shape = shape_of(trace::operation::all_to_allv, ranks, t, reduce_op::sum, -1);
+      return run(how, [=, layout = std::move(layout)] {
+        agree(shape, c);
+        MPI_Datatype type = detail::mpi::datatype_of(t);
+        const int* at = layout.data();
+        WEFT_CHECK_MPI(MPI_Alltoallv(send, at, at + ranks, type, recv, at + 2 * ranks, at + 3 * ranks, type, c));
+      });
+    }
+
     /// Blocking point to point runs in order with the queue; async point to point is posted at
     /// once with MPI_Isend / MPI_Irecv (a FIFO thread would deadlock a ring of async receives
     /// queued before their sends), and message matching keeps it apart from collectives.

@@ -374,6 +374,31 @@ struct nccl_backend {
       return finish(use, "all_to_all", how);
     }
 
+    /// Ragged blocks, back to back in rank order: block j of `send` (send_counts[j] elements)
+    /// goes to rank j, block i of `recv` (recv_counts[i]) comes from rank i. NCCL has no
+    /// all-to-allv: grouped send/recv, as all_to_all; zero-count blocks post nothing. Not in place.
+    request all_to_allv(const void* send, std::span<const std::size_t> send_counts, void* recv,
+                        std::span<const std::size_t> recv_counts, dtype t, completion how) {
+      auto use = enter("all_to_allv");
+      const std::size_t element_bytes = size_of(t);
+      const char* source = static_cast<const char*>(send);
+      char* target = static_cast<char*>(recv);
+      nccl::group_guard group;
+      std::size_t send_at = 0, recv_at = 0;
+      for (int peer = 0; peer < size_; ++peer) {
+        const std::size_t out = send_counts[static_cast<std::size_t>(peer)];
+        const std::size_t in = recv_counts[static_cast<std::size_t>(peer)];
+        if (out > 0)
+          WEFT_NCCL_ENQUEUE(use, ncclSend(source + send_at * element_bytes, out, nccl_type(t), peer, use.handle(), stream_));
+        if (in > 0)
+          WEFT_NCCL_ENQUEUE(use, ncclRecv(target + recv_at * element_bytes, in, nccl_type(t), peer, use.handle(), stream_));
+        send_at += out;
+        recv_at += in;
+      }
+      use.note(group.end());
+      return finish(use, "all_to_allv", how);
+    }
+
     /// Blocking only: an async send or receive on its own (outside a group) holds the stream
     /// until its partner arrives, so a receive posted before its send deadlocks. Use batch().
     request send(const void* buffer, std::size_t n, dtype t, int peer, completion how) {
