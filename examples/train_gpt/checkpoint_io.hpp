@@ -6,7 +6,9 @@
 // rank owns each element: dp rank 0 and cp rank 0, tp rank 0 for what tp replicates, the first
 // stage for the tied embedding; for ZeRO-1 state, the dp-cp rank whose shard holds it), and
 // one sum-reduction to world rank 0 assembles the whole tensors there. Loading: every rank reads
-// the file and cuts out its own part.
+// the file and cuts out its own part. (Distributed checkpoints, --save-dir, gather nothing: each
+// rank's part is described as boxes of the whole tensors, whole_boxes, and the box helpers below
+// move the values between a rank's memory and a box.)
 
 #include <cstddef>
 #include <cstdint>
@@ -103,6 +105,40 @@ void scatter_whole(std::span<const param_spec> specs, std::span<const state_segm
     cut_local(p, tp_rank, tp, whole, local);
     std::copy_n(local.data() + s.param_offset, s.count, state.data() + s.state_offset);
   }
+}
+
+/// Calls `run(flat, packed, count)` for each run of consecutive elements of `box` in a tensor of
+/// `shape`: elements [flat, flat + count) of the tensor (row-major) are elements
+/// [packed, packed + count) of the box (row-major within the box).
+template <class Run>
+void for_each_box_run(std::span<const std::int64_t> shape, const weft::checkpoint::region& box, Run&& run) {
+  const std::size_t dims = shape.size();
+  const std::int64_t count = weft::checkpoint::element_count(box);
+  if (count == 0) return;
+  if (dims == 0) return run(std::int64_t{0}, std::int64_t{0}, std::int64_t{1});
+  const std::int64_t length = box.extent[dims - 1];
+  for (std::int64_t packed = 0; packed < count; packed += length) {
+    std::int64_t rest = packed / length, flat = box.offset[dims - 1], stride = shape[dims - 1];
+    for (std::size_t d = dims - 1; d-- > 0;) {
+      flat += (box.offset[d] + rest % box.extent[d]) * stride;
+      rest /= box.extent[d];
+      stride *= shape[d];
+    }
+    run(flat, packed, length);
+  }
+}
+
+/// Where `box` of a tensor of `shape` starts in its row-major elements, if its elements are
+/// consecutive there (then a span of them is the box's values); nothing otherwise.
+inline std::optional<std::int64_t> contiguous_start(std::span<const std::int64_t> shape, const weft::checkpoint::region& box) {
+  std::optional<std::int64_t> start;
+  std::int64_t runs = 0;
+  for_each_box_run(shape, box, [&](std::int64_t flat, std::int64_t packed, std::int64_t) {
+    if (!start) start = flat;
+    else if (flat != *start + packed) ++runs;
+  });
+  if (runs > 0) return std::nullopt;
+  return start.value_or(0);
 }
 
 /// The safetensors records of whole tensors (checkpoint order), with `prefix` before each name.

@@ -183,6 +183,26 @@ class fully_sharded {
                                [&](std::size_t u) { return writable_shard(which, u); });
   }
 
+  /// This rank's shards of a state (params or moments) as runs of parameters, for distributed
+  /// checkpoints: each rank saves and loads its own shard, with no gather.
+  std::vector<param_run<const float>> shard_runs(state which) const {
+    std::vector<param_run<const float>> out;
+    for (std::size_t u = 0; u < units_.size(); ++u)
+      for (const weft::fsdp::shard_run& run : model_->shard_runs(u))
+        out.push_back({units_[u][run.param], run.param_offset, shard_of(which, u).subspan(run.shard_offset, run.count)});
+    return out;
+  }
+  /// The same, writable (params: the units are gathered again before the next forward).
+  std::vector<param_run<float>> writable_shard_runs(state which) {
+    std::vector<param_run<float>> out;
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      const std::span<float> shard = writable_shard(which, u);
+      for (const weft::fsdp::shard_run& run : model_->shard_runs(u))
+        out.push_back({units_[u][run.param], run.param_offset, shard.subspan(run.shard_offset, run.count)});
+    }
+    return out;
+  }
+
   /// The most bytes of training state this rank has held: the sharded model's (master and
   /// gradient shards, gathered units, gradient buffers in flight) and the AdamW moments.
   std::size_t peak_state_bytes() const noexcept {

@@ -67,9 +67,14 @@ layout (degrees multiply to the ranks; dp defaults to ranks / (tp pp cp))
 checkpoints and checks
   --save FILE            write the model to FILE (safetensors, GPT-2 names) and the optimizer state and
                          data position to FILE's name + ".optimizer" (asynchronously; atomic rename)
+  --save-dir DIR         write distributed checkpoints DIR/<step>/: every rank its own pieces (tp slices,
+                         pipeline stages, ZeRO / FSDP shards, optimizer moments) and the data position, in
+                         the background; loads into any layout
   --save-every N         also every N steps (default: at the end only)
-  --resume FILE          continue from a checkpoint written by --save (same layout: bit-exact); a global
-                         batch other than the checkpoint's needs --global-batch
+  --keep N               with --save-dir: keep the newest N checkpoints (default 0: all)
+  --resume FILE|DIR      continue from a checkpoint written by --save (FILE) or --save-dir (DIR: its newest
+                         complete checkpoint, or a step directory DIR/<step>), in this run's layout (the
+                         same layout: bit-exact); a global batch other than the checkpoint's needs --global-batch
   --dump-grads FILE      with --steps 1: the first step's gradients (whole tensors, GPT-2 names), input_ids,
                          labels and loss, in safetensors
   --log-json FILE        one JSON object per step
@@ -105,7 +110,8 @@ struct options {
   int ranks_per_node = 0;  // 0: the launcher's
   bool overlap = true;
   double bucket_mb = 0;  // 0: the synchronizer measures its cap
-  std::optional<std::string> save, resume, dump_grads, log_json, trace, hardware;
+  std::optional<std::string> save, save_dir, resume, dump_grads, log_json, trace, hardware;
+  int keep = 0;  // --keep: distributed checkpoints kept in --save-dir (0: all)
   bool plan = false;
   bool layout_flags = false;  // any of --tp --pp --dp --cp --vp --micro-batch --sequence-parallel --zero1 --schedule --recompute
   int save_every = 0;
@@ -134,7 +140,7 @@ inline options parse_options(int argc, char** argv) {
   options o;
   std::optional<std::string> model_name;
   std::vector<std::pair<std::string, std::string>> fields;
-  bool zero1_flag = false, overlap_flag = false, bucket_flag = false;
+  bool zero1_flag = false, overlap_flag = false, bucket_flag = false, keep_flag = false;
   std::optional<std::string> sharding_flag;
   for (int i = 1; i < argc; ++i) {
     const std::string_view flag = argv[i];
@@ -206,6 +212,8 @@ inline options parse_options(int argc, char** argv) {
     else if (flag == "--hardware") o.hardware = value();
     else if (flag == "--plan") o.plan = true;
     else if (flag == "--save") o.save = value();
+    else if (flag == "--save-dir") o.save_dir = value();
+    else if (flag == "--keep") o.keep = integer(0, 100'000'000), keep_flag = true;
     else if (flag == "--save-every") o.save_every = integer(0, 100'000'000);
     else if (flag == "--resume") o.resume = value();
     else if (flag == "--dump-grads") o.dump_grads = value();
@@ -239,9 +247,12 @@ inline options parse_options(int argc, char** argv) {
     throw usage_error(std::string(overlap_flag ? "--no-overlap" : "--bucket-mb") + " sets the gradient buckets of "
                       "--sharding none and zero1; zero2, zero3 and hsdp reduce-scatter each unit's gradients after its "
                       "backward instead: drop it, or choose --sharding none or zero1");
-  if (o.save_every > 0 && !o.save)
-    throw usage_error("--save-every " + std::to_string(o.save_every) + " saves to the file given by --save, and "
-                      "there is none: add --save FILE");
+  if (o.save_every > 0 && !o.save && !o.save_dir)
+    throw usage_error("--save-every " + std::to_string(o.save_every) + " saves to the file given by --save or the "
+                      "directory given by --save-dir, and there is none: add --save FILE or --save-dir DIR");
+  if (keep_flag && !o.save_dir)
+    throw usage_error("--keep " + std::to_string(o.keep) + " keeps the newest checkpoints of --save-dir, and there is "
+                      "none: add --save-dir DIR");
   if (o.resume && o.init_from)
     throw usage_error("--resume continues a checkpoint (its weights, optimizer state and step) and --init-from "
                       "starts from a file's weights: give one of them");

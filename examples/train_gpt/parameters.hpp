@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include <weft/checkpoint/detail/distributed_plan.hpp>
 #include <weft/tp/vocab_parallel.hpp>
 
 #include "gpt_config.hpp"
@@ -163,6 +164,81 @@ void for_each_local_run(const param_spec& p, int tp_rank, int tp, Copy&& copy) {
       return;
     }
   }
+}
+
+/// The shape of the local part of `p` on a rank of `tp` (vocab rows: padding included).
+inline std::vector<std::int64_t> local_shape(const param_spec& p, int tp) {
+  std::vector<std::int64_t> shape = p.whole;
+  if (p.split == tp_split::rows) shape[0] /= tp;
+  if (p.split == tp_split::vocab_rows) shape[0] = p.padded_rows / tp;
+  if (p.split == tp_split::columns) shape.back() /= tp;
+  return shape;
+}
+
+/// A box of a parameter's local part and the box of the whole tensor that holds the same
+/// elements (row-major in both).
+struct held_box {
+  weft::checkpoint::region local;
+  weft::checkpoint::region whole;
+};
+
+/// A run of one parameter's local elements in a state a rank holds (its parameters, a ZeRO or
+/// FSDP shard, AdamW's moments): local elements [param_offset, param_offset + values.size()) of
+/// parameter `param` (rank_parameters order).
+template <class T>
+struct param_run {
+  std::size_t param = 0;
+  std::size_t param_offset = 0;
+  std::span<T> values;
+};
+
+/// The boxes of the whole tensor that local elements [begin, end) (row-major) of `p` on tp rank
+/// `tp_rank` hold, in local order: how a tp slice, or a ZeRO / FSDP shard of one, becomes pieces
+/// of a distributed checkpoint. A column split's local part is `blocks` column blocks, each from
+/// its own place in the whole tensor (c_attn's q, k and v), so a box never spans two blocks; the
+/// vocabulary's padding rows hold no whole elements and give no box.
+inline std::vector<held_box> whole_boxes(const param_spec& p, int tp_rank, int tp, std::int64_t begin, std::int64_t end) {
+  namespace ckpt = weft::checkpoint;
+  const std::vector<std::int64_t> shape = local_shape(p, tp);
+  ckpt::region real = ckpt::whole_region(shape);
+  std::int64_t first_row = 0;  // the whole tensor's row of local row 0 (row splits)
+  if (p.split == tp_split::rows) first_row = shape[0] * tp_rank;
+  if (p.split == tp_split::vocab_rows) {
+    const weft::tp::vocab_partition part{.vocab = static_cast<std::size_t>(p.whole[0]),
+                                         .padded = static_cast<std::size_t>(p.padded_rows),
+                                         .per_rank = static_cast<std::size_t>(shape[0]),
+                                         .tp = tp,
+                                         .rank = tp_rank};
+    first_row = static_cast<std::int64_t>(part.first());
+    real.extent[0] = static_cast<std::int64_t>(part.real_rows());  // the real rows come first
+  }
+  const std::int64_t real_elements = ckpt::element_count(real);
+  end = std::min(end, real_elements);
+  std::vector<held_box> out;
+  if (begin >= end) return out;
+  for (ckpt::region& box : ckpt::regions_of_flat_range(real, begin, end)) {
+    if (p.split != tp_split::columns) {
+      ckpt::region whole = box;
+      if (!whole.offset.empty()) whole.offset[0] += first_row;
+      out.push_back({std::move(box), std::move(whole)});
+      continue;
+    }
+    // Local columns [b * part, (b + 1) * part) are whole columns [b * block + tp_rank * part, ...).
+    const std::size_t last = shape.size() - 1;
+    const std::int64_t part = shape[last] / p.blocks, block = p.whole[last] / p.blocks;
+    for (std::int64_t b = 0; b < p.blocks; ++b) {
+      const std::int64_t low = std::max(box.offset[last], b * part);
+      const std::int64_t high = std::min(box.offset[last] + box.extent[last], (b + 1) * part);
+      if (low >= high) continue;
+      ckpt::region local = box;
+      local.offset[last] = low;
+      local.extent[last] = high - low;
+      ckpt::region whole = local;
+      whole.offset[last] = b * block + tp_rank * part + (low - b * part);
+      out.push_back({std::move(local), std::move(whole)});
+    }
+  }
+  return out;
 }
 
 /// The local part of `p` from its whole tensor.

@@ -9,14 +9,18 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <numeric>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <weft/checkpoint/async_writer.hpp>
+#include <weft/checkpoint/distributed.hpp>
+#include <weft/checkpoint/exchange.hpp>
 #include <weft/checkpoint/safetensors.hpp>
 #include <weft/comm/communicator.hpp>
 #include <weft/grad/flat_buffer.hpp>
@@ -258,7 +262,11 @@ class trainer {
     }
   }
 
+  /// Continues a checkpoint: a distributed one (a directory: `--save-dir`'s root, then its newest
+  /// complete step, or a step directory) or the two files of `--save`.
   void resume(const std::string& path) {
+    std::error_code error;
+    if (std::filesystem::is_directory(path, error)) return resume_distributed(path);
     const weft::checkpoint::checkpoint_file f = read_checked(path);
     load_params(f, path);
     const std::string opt = optimizer_path(path);
@@ -279,28 +287,8 @@ class trainer {
     step_ = number("step");
     // Checkpoints from before the position was recorded: the sequences of `step` global batches.
     data_sequence_ = s.metadata.count("data_sequence") != 0 ? number("data_sequence") : step_ * r_.global_batch;
-    if (static_cast<std::uint64_t>(number("seed")) != o_.seed)
-      throw input_error("the checkpoint was trained with --seed " + s.metadata.at("seed") + " (its data order), not " +
-                        std::to_string(o_.seed) + ": resume with --seed " + s.metadata.at("seed"));
-    if (step_ >= o_.steps)
-      throw input_error("the checkpoint '" + path + "' is at step " + std::to_string(step_) + " and --steps " +
-                        std::to_string(o_.steps) + " counts every step from the start, the checkpoint's included: "
-                        "nothing is left to train; give --steps " + std::to_string(step_ + 1) +
-                        " or more to go on");
-    // The global batch is part of what a run trains on; its default follows dp, so resuming on
-    // another layout would quietly change it. Checkpoints from before it was recorded cannot be checked.
-    if (s.metadata.count("global_batch") != 0) {
-      const std::int64_t saved = number("global_batch");
-      if (saved != r_.global_batch && !o_.global_batch_given)
-        throw input_error("the checkpoint '" + path + "' was trained with a global batch of " + std::to_string(saved) +
-                          " sequences per step, but this run's default is " + std::to_string(r_.global_batch) +
-                          (o_.plan ? std::string(" (--plan's: 2 x the ranks)")
-                                   : " (dp " + std::to_string(r_.degrees().dp) + " x micro-batch " +
-                                         std::to_string(r_.choice.micro_batch) + ")") +
-                          ": give --global-batch " + std::to_string(saved) +
-                          " to continue the same run, or --global-batch " + std::to_string(r_.global_batch) +
-                          " to change it on purpose");
-    }
+    check_resume(path, static_cast<std::uint64_t>(number("seed")),
+                 s.metadata.count("global_batch") != 0 ? std::optional(number("global_batch")) : std::nullopt);
     for (const char* prefix : {"exp_avg.", "exp_avg_sq."}) {
       const bool first = std::string(prefix) == "exp_avg.";
       std::vector<float> packed;
@@ -401,6 +389,11 @@ class trainer {
     // Half the communication deadline: a stalled disk on rank 0 is reported there, naming the
     // file, before the other ranks' next collective gives up on rank 0 (0: neither has one).
     weft::checkpoint::async_writer writer(world_.timeout() / 2);
+    std::optional<weft::checkpoint::distributed_saver> saver;
+    if (o_.save_dir)
+      saver.emplace(rank, world_.size(), weft::checkpoint::exchange_over(world_), *o_.save_dir,
+                    weft::checkpoint::save_options{.keep = static_cast<std::size_t>(o_.keep),
+                                                   .deadline = world_.timeout() / 2});
     const auto run_start = clock::now();
     double first_loss = 0, last_loss = 0, tokens_total = 0, seconds_total = 0;
     std::vector<double> step_times;
@@ -490,9 +483,15 @@ class trainer {
         }
       }
       const bool last = step + 1 == o_.steps;
-      if (o_.save && (last || (o_.save_every > 0 && (step + 1) % o_.save_every == 0))) save(writer, step + 1);
+      const bool save_now = last || (o_.save_every > 0 && (step + 1) % o_.save_every == 0);
+      if (o_.save && save_now) save(writer, step + 1);
+      if (saver && save_now) {
+        if (last) saver->wait();  // the last checkpoint is never skipped
+        save_distributed(*saver, step + 1);
+      }
     }
     writer.wait();
+    if (saver) saver->wait();
     if (o_.trace) {
       std::string path = *o_.trace;
       const auto dot = path.rfind('.');
@@ -525,6 +524,203 @@ class trainer {
     } catch (const std::exception& e) {
       throw input_error(std::string(e.what()));
     }
+  }
+
+  /// What every resumed run checks against its checkpoint (alike on every rank): the data order
+  /// (seed), a step left to train, and the global batch (when the checkpoint records it).
+  void check_resume(const std::string& path, std::uint64_t seed, std::optional<std::int64_t> global_batch) const {
+    if (seed != o_.seed)
+      throw input_error("the checkpoint was trained with --seed " + std::to_string(seed) + " (its data order), not " +
+                        std::to_string(o_.seed) + ": resume with --seed " + std::to_string(seed));
+    if (step_ >= o_.steps)
+      throw input_error("the checkpoint '" + path + "' is at step " + std::to_string(step_) + " and --steps " +
+                        std::to_string(o_.steps) + " counts every step from the start, the checkpoint's included: "
+                        "nothing is left to train; give --steps " + std::to_string(step_ + 1) +
+                        " or more to go on");
+    // The global batch is part of what a run trains on; its default follows dp, so resuming on
+    // another layout would quietly change it. Checkpoints from before it was recorded cannot be checked.
+    if (global_batch && *global_batch != r_.global_batch && !o_.global_batch_given)
+      throw input_error("the checkpoint '" + path + "' was trained with a global batch of " + std::to_string(*global_batch) +
+                        " sequences per step, but this run's default is " + std::to_string(r_.global_batch) +
+                        (o_.plan ? std::string(" (--plan's: 2 x the ranks)")
+                                 : " (dp " + std::to_string(r_.degrees().dp) + " x micro-batch " +
+                                       std::to_string(r_.choice.micro_batch) + ")") +
+                        ": give --global-batch " + std::to_string(*global_batch) +
+                        " to continue the same run, or --global-batch " + std::to_string(r_.global_batch) +
+                        " to change it on purpose");
+  }
+
+  // ---- distributed checkpoints (--save-dir, --resume DIR) ----------------------------------
+  // Each rank saves what it holds of each state (its tp slices of its stage's parameters, or its
+  // ZeRO / FSDP shards of them, and of AdamW's moments) as pieces of the whole tensors, and reads
+  // back only the pieces of the whole tensors that its own layout holds: no gather, no whole model.
+
+  enum class saved_state { params, exp_avg, exp_avg_sq };
+  static constexpr saved_state saved_states[] = {saved_state::params, saved_state::exp_avg, saved_state::exp_avg_sq};
+  /// The names of a state's tensors in a checkpoint: GPT-2's, and the optimizer file's for the moments.
+  static std::string saved_name(saved_state which, const std::string& name) {
+    return which == saved_state::params ? name : which == saved_state::exp_avg ? "exp_avg." + name : "exp_avg_sq." + name;
+  }
+
+  /// This rank's runs of a state: whole local parts of the parameters (also with ZeRO-1, whose
+  /// parameters are gathered after each step), the ZeRO-1 shard of the moments, or FSDP's shards.
+  /// T: const float to save them; float to load into them (FSDP then gathers the units again).
+  template <class T>
+  std::vector<param_run<T>> held_runs(saved_state which) {
+    if (fsdp_) {
+      using state = typename fully_sharded<B>::state;
+      const state s = which == saved_state::params    ? state::params
+                      : which == saved_state::exp_avg ? state::exp_avg
+                                                      : state::exp_avg_sq;
+      if constexpr (std::is_const_v<T>) return fsdp_->shard_runs(s);
+      else return fsdp_->writable_shard_runs(s);
+    }
+    std::vector<param_run<T>> out;
+    if (which == saved_state::params) {
+      for (std::size_t i = 0; i < specs_.size(); ++i) out.push_back({i, 0, params_->view(i)});
+      return out;
+    }
+    std::vector<float>& moments = which == saved_state::exp_avg ? m1_ : m2_;
+    for (const state_segment& seg : opt_segments_)
+      out.push_back({seg.param, seg.param_offset, std::span<float>(moments).subspan(seg.state_offset, seg.count)});
+    return out;
+  }
+
+  /// The model a distributed checkpoint is of: shown by weft-ckpt, checked on resume (the head
+  /// count is the one thing the tensors' shapes do not say).
+  std::string model_description() const {
+    return "train_gpt GPT-2: " + std::to_string(m_.layers) + " layers, hidden " + std::to_string(m_.hidden) + ", " +
+           std::to_string(m_.heads) + " heads, vocabulary " + std::to_string(m_.vocab) + ", " +
+           std::to_string(m_.positions) + " positions";
+  }
+
+  /// Collective: this rank's pieces of step `step`'s state to `saver` (written in the background).
+  void save_distributed(weft::checkpoint::distributed_saver& saver, std::int64_t step) {
+    namespace ckpt = weft::checkpoint;
+    const auto t0 = clock::now();
+    std::vector<ckpt::local_piece> pieces;
+    std::vector<std::vector<float>> staged;  // boxes whose values are not consecutive here (c_attn's blocks over tp)
+    for (saved_state which : saved_states)
+      for (const param_run<const float>& run : held_runs<const float>(which)) {
+        const param_spec& p = specs_[run.param];
+        if (!fsdp_ && skip_[run.param]) continue;  // the last stage's copy of the tied embedding: the first stage's is saved
+        const std::vector<std::int64_t> shape = local_shape(p, place_.tp);
+        const auto begin = static_cast<std::int64_t>(run.param_offset);
+        for (const held_box& box : whole_boxes(p, place_.tp_rank, place_.tp, begin, begin + static_cast<std::int64_t>(run.values.size()))) {
+          const auto count = static_cast<std::size_t>(ckpt::element_count(box.local));
+          std::span<const float> values;
+          if (const auto start = contiguous_start(shape, box.local)) {
+            values = run.values.subspan(static_cast<std::size_t>(*start - begin), count);
+          } else {
+            std::vector<float>& copy = staged.emplace_back(count);
+            for_each_box_run(shape, box.local, [&](std::int64_t flat, std::int64_t packed, std::int64_t n) {
+              std::copy_n(run.values.data() + (flat - begin), n, copy.data() + packed);
+            });
+            values = copy;
+          }
+          pieces.push_back(ckpt::piece_of<float>(saved_name(which, p.name), p.whole, box.whole, values));
+        }
+      }
+    const weft::layout::layout_spec& d = r_.degrees();
+    const int zero_stage = r_.choice.sharding_mode == weft::tune::sharding::optimizer   ? 1
+                           : r_.choice.sharding_mode == weft::tune::sharding::gradients ? 2
+                           : r_.choice.sharding_mode == weft::tune::sharding::full      ? 3
+                                                                                        : 0;
+    const ckpt::checkpoint_info info{
+        .step = step,
+        .data_position = {{"sequence", position(step).sequence}, {"seed", static_cast<std::int64_t>(o_.seed)}},
+        .layout = {{"tp", d.tp}, {"pp", d.pp}, {"dp", d.dp}, {"cp", d.cp}, {"vp", d.virtual_stages},
+                   {"sequence_parallel", r_.sequence_parallel() ? 1 : 0}, {"zero_stage", zero_stage},
+                   {"hsdp", o_.hybrid ? 1 : 0}, {"micro_batch", r_.choice.micro_batch},
+                   {"global_batch", r_.global_batch}},
+        .model = model_description()};
+    const bool saved = saver.save(info, pieces);
+    if (!saved && world_.rank() == 0) {
+      std::printf("step %lld: no checkpoint written to %s: the previous one is still being written (the training "
+                  "thread does not wait for the disk); save less often with a larger --save-every\n",
+                  static_cast<long long>(step), saver.root().c_str());
+      std::fflush(stdout);
+    }
+    trace_.add("checkpoint snapshot (distributed)", "checkpoint", t0, clock::now());
+  }
+
+  /// Continues from a distributed checkpoint in this run's layout: each rank reads the pieces of
+  /// the whole tensors that overlap what it holds. A problem any rank finds (a corrupt or missing
+  /// file is found only by the ranks that read it) stops every rank with one message.
+  void resume_distributed(const std::string& path) {
+    namespace ckpt = weft::checkpoint;
+    std::string problem;
+    std::string directory;
+    try {
+      ckpt::distributed_checkpoint checkpoint(path);
+      directory = checkpoint.directory().string();
+      const ckpt::checkpoint_index& index = checkpoint.index();
+      const std::string where = "checkpoint '" + directory + "' (model '" + index.model + "')";
+      std::size_t expected = 0;
+      for (const param_spec& t : index_.tensors)
+        for (saved_state which : saved_states) {
+          ++expected;
+          const std::string name = saved_name(which, t.name);
+          const ckpt::saved_tensor* saved = index.find(name);
+          if (saved == nullptr)
+            throw input_error(where + " has no tensor '" + name + "' that this model needs: it is a checkpoint of "
+                              "another model shape, or without optimizer state; give the flags of the saved model or "
+                              "pick another checkpoint");
+          if (saved->shape != t.whole || saved->type != weft::dtype::float32)
+            throw input_error(where + ": tensor '" + name + "' is " + std::string(ckpt::safetensors_name(saved->type)) + " " +
+                              ckpt::detail::shape_text(saved->shape) + " but this model needs F32 " +
+                              ckpt::detail::shape_text(t.whole) +
+                              ": the flags (--layers --hidden --heads --vocab --positions) do not match the checkpoint; "
+                              "give the saved model's, or pick the matching checkpoint");
+        }
+      if (index.tensors.size() != expected)
+        throw input_error(where + " holds " + std::to_string(index.tensors.size()) + " tensors, this model " +
+                          std::to_string(expected) + " (its parameters and AdamW's two moments): it is a checkpoint "
+                          "of another model; give the flags of the saved model or pick another checkpoint");
+      if (index.model != model_description())
+        throw input_error(where + " is not this run's model ('" + model_description() +
+                          "'); give the saved model's flags (--heads included) or pick another checkpoint");
+      auto position_of = [&](const char* key) {
+        const auto it = index.data_position.find(key);
+        if (it == index.data_position.end())
+          throw input_error(where + " has no data position '" + key + "': it was not written by train_gpt --save-dir");
+        return it->second;
+      };
+      step_ = index.step;
+      data_sequence_ = position_of("sequence");
+      const auto batch = index.layout.find("global_batch");
+      check_resume(directory, static_cast<std::uint64_t>(position_of("seed")),
+                   batch == index.layout.end() ? std::nullopt : std::optional(batch->second));
+
+      std::vector<float> staged;
+      for (saved_state which : saved_states)
+        for (const param_run<float>& run : held_runs<float>(which)) {
+          const param_spec& p = specs_[run.param];
+          const std::vector<std::int64_t> shape = local_shape(p, place_.tp);
+          const auto begin = static_cast<std::int64_t>(run.param_offset);
+          for (const held_box& box : whole_boxes(p, place_.tp_rank, place_.tp, begin, begin + static_cast<std::int64_t>(run.values.size()))) {
+            const auto count = static_cast<std::size_t>(ckpt::element_count(box.local));
+            const std::string name = saved_name(which, p.name);
+            if (const auto start = contiguous_start(shape, box.local)) {
+              checkpoint.read(name, box.whole, std::as_writable_bytes(run.values.subspan(static_cast<std::size_t>(*start - begin), count)));
+              continue;
+            }
+            staged.resize(count);
+            checkpoint.read(name, box.whole, std::as_writable_bytes(std::span<float>(staged)));
+            for_each_box_run(shape, box.local, [&](std::int64_t flat, std::int64_t packed, std::int64_t n) {
+              std::copy_n(staged.data() + packed, n, run.values.data() + (flat - begin));
+            });
+          }
+        }
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+    // Every rank learns whether any rank failed, and why (the first that did).
+    const std::vector<std::string> problems = weft::checkpoint::exchange_over(world_)(problem);
+    for (const std::string& p : problems)
+      if (!p.empty()) throw input_error(p);
+    if (world_.rank() == 0)
+      std::printf("resumed from %s at step %lld\n", directory.c_str(), static_cast<long long>(step_));
   }
 
   void load_params(const weft::checkpoint::checkpoint_file& f, const std::string& path) {

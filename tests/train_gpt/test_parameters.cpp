@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint_io.hpp"
 #include "gpt_config.hpp"
 #include "parameters.hpp"
 #include "planning.hpp"
@@ -160,6 +161,68 @@ TEST_CASE("the embedding is split by vocabulary rows, padded to a multiple of 12
   // --make-vocab-size-divisible-by changes the multiple.
   m.vocab_divisible_by = 1;
   CHECK(rank_parameters(m, model_place{.tp_rank = 0, .tp = 2}).front().local_elements == 125 * c);
+}
+
+TEST_CASE("a tp slice, or a shard of one, as boxes of the whole tensor: q, k and v apart, no padding") {
+  gpt_config m = shape();
+  m.vocab = 250;  // padded rows at every tp
+  for (int tp : {1, 2, 4})
+    for (int r = 0; r < tp; ++r)
+      for (const param_spec& p : rank_parameters(m, model_place{.tp_rank = r, .tp = tp})) {
+        // The whole index of each local element, from the run description (padding: -1).
+        std::vector<std::int64_t> expected(p.local_elements, -1);
+        for_each_local_run(p, r, tp, [&](std::size_t w, std::size_t l, std::size_t n) {
+          for (std::size_t i = 0; i < n; ++i) expected[l + i] = static_cast<std::int64_t>(w + i);
+        });
+        const auto n = static_cast<std::int64_t>(p.local_elements);
+        // The whole part, and shards that start and end inside rows and inside q, k, v blocks.
+        for (const auto& [begin, end] : std::vector<std::pair<std::int64_t, std::int64_t>>{
+                 {0, n}, {0, n / 3 + 5}, {n / 3 + 5, 2 * n / 3 + 1}, {2 * n / 3 + 1, n}, {7, 8}, {n - 1, n}}) {
+          INFO(p.name << " tp " << tp << " rank " << r << " elements [" << begin << ", " << end << ")");
+          std::vector<int> seen(p.local_elements, 0);
+          const auto boxes = whole_boxes(p, r, tp, begin, end);
+          for (const held_box& box : boxes) {
+            REQUIRE(weft::checkpoint::element_count(box.local) == weft::checkpoint::element_count(box.whole));
+            // Both boxes row-major, element by element.
+            std::vector<std::int64_t> local, whole;
+            for_each_box_run(local_shape(p, tp), box.local, [&](std::int64_t flat, std::int64_t, std::int64_t k) {
+              for (std::int64_t i = 0; i < k; ++i) local.push_back(flat + i);
+            });
+            for_each_box_run(p.whole, box.whole, [&](std::int64_t flat, std::int64_t, std::int64_t k) {
+              for (std::int64_t i = 0; i < k; ++i) whole.push_back(flat + i);
+            });
+            REQUIRE(local.size() == whole.size());
+            std::size_t wrong = 0;
+            for (std::size_t i = 0; i < local.size(); ++i) {
+              if (local[i] < begin || local[i] >= end) {
+                ++wrong;
+                continue;
+              }
+              wrong += expected[static_cast<std::size_t>(local[i])] != whole[i];
+              ++seen[static_cast<std::size_t>(local[i])];
+            }
+            REQUIRE(wrong == 0);
+          }
+          std::size_t miscounted = 0;  // real elements of the range once, padding never
+          for (std::int64_t i = begin; i < end; ++i)
+            miscounted += seen[static_cast<std::size_t>(i)] != (expected[static_cast<std::size_t>(i)] >= 0 ? 1 : 0);
+          CHECK(miscounted == 0);
+          // A whole tp slice of c_attn is one box per block (q, k, v), each contiguous in the whole tensor's columns.
+          if (begin == 0 && end == n && p.role == param_role::attn_w) CHECK(boxes.size() == 3);
+        }
+      }
+}
+
+TEST_CASE("a box's elements are consecutive in the tensor only when it is a run of rows or part of one row") {
+  const std::vector<std::int64_t> shape{4, 6};
+  CHECK(contiguous_start(shape, {{1, 0}, {2, 6}}) == std::optional<std::int64_t>(6));
+  CHECK(contiguous_start(shape, {{2, 1}, {1, 3}}) == std::optional<std::int64_t>(13));
+  CHECK(!contiguous_start(shape, {{0, 0}, {2, 3}}).has_value());
+  std::vector<std::int64_t> runs;
+  for_each_box_run(shape, {{1, 2}, {2, 3}}, [&](std::int64_t flat, std::int64_t packed, std::int64_t n) {
+    runs.insert(runs.end(), {flat, packed, n});
+  });
+  CHECK(runs == std::vector<std::int64_t>{8, 0, 3, 14, 3, 3});
 }
 
 namespace {

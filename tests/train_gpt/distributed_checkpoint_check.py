@@ -1,0 +1,212 @@
+#!/usr/bin/env python3
+"""train_gpt's distributed checkpoints (--save-dir, --resume DIR): saved in one layout, resumed in others.
+
+  distributed_checkpoint_check.py matrix|zero3 TRAIN_GPT WEFT_CKPT LAUNCH...
+
+Each case trains 6 steps uninterrupted while saving at steps 3 and 6, then resumes step 3 in other
+layouts: steps 4-6 must print the uninterrupted run's losses, to the last digit in the same layout
+(and there the final checkpoint's files must be the same bytes), within 1e-6 (relative) in another
+(the float32 sums are ordered differently; train_gpt_curve's tolerance).
+
+matrix (4 ranks): saved as dp2 x tp2 + ZeRO-1, vocabulary 250 (padded over tp), resumed as the same
+  layout (from the save root, whose newest step directory has no index: the newest complete one is
+  taken; with --keep 1), as tp2 x pp2, on 1 rank and as dp4 + ZeRO-3. weft-ckpt inspect and verify
+  read the checkpoint, and its export is the model file `--save FILE` wrote of the same state.
+zero3 (2 ranks): saved as dp2 + ZeRO-3, resumed as the same and as tp2; then bad checkpoints: a
+  corrupted piece (train_gpt and weft-ckpt verify name its file and tensor), a missing rank file,
+  another model's directory: exit status 1 and one message, printed once.
+"""
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+
+MODEL = ["--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "32", "--positions", "64", "--vocab", "250",
+         "--lr", "3e-3", "--seed", "5", "--global-batch", "4", "--quiet"]
+failures = []
+
+
+def fail(message):
+    failures.append(message)
+    print("FAILED: " + message)
+
+
+def run(command, cwd, expect=0):
+    r = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=cwd)
+    if r.returncode != expect:
+        sys.stderr.write(r.stdout[-4000:] + r.stderr[-4000:])
+        sys.exit(f"distributed_checkpoint_check: '{' '.join(command)}' exited with {r.returncode}, expected {expect}")
+    return r
+
+
+def losses(path):
+    with open(path) as f:
+        return {json.loads(line)["step"]: line.split('"loss": ')[1].split(",")[0] for line in f if line.strip()}
+
+
+def compare_curve(what, whole, resumed, exact):
+    if sorted(resumed) != [4, 5, 6]:
+        return fail(f"{what}: the resumed run logged steps {sorted(resumed)}, expected 4, 5, 6")
+    for step in (4, 5, 6):
+        a, b = whole[step], resumed[step]
+        rel = abs(float(a) - float(b)) / abs(float(a))
+        print(f"{what}: step {step}: uninterrupted {a}  resumed {b}  ({rel:.1e})")
+        if exact and a != b:
+            fail(f"{what}: step {step}: the resumed loss {b} is not the uninterrupted {a} to the last digit")
+        elif rel > 1e-6:
+            fail(f"{what}: step {step}: the resumed loss {b} differs from the uninterrupted {a} by {rel:.1e} (> 1e-6)")
+
+
+def safetensors(path):
+    """(metadata, {name: (dtype, shape, bytes)}) read with the standard library."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+        data = f.read()
+    meta = header.pop("__metadata__", {})
+    return meta, {k: (v["dtype"], v["shape"], data[v["data_offsets"][0]:v["data_offsets"][1]]) for k, v in header.items()}
+
+
+def refused(what, command, cwd, fragments):
+    """A bad checkpoint: exit status 1, every fragment on one line, that line printed once, no abort."""
+    r = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=cwd)
+    text = r.stdout + r.stderr
+    lines = [line for line in text.splitlines() if all(f in line for f in fragments)]
+    print(f"{what}: exit {r.returncode}: {lines[0].strip() if lines else '(no message)'}")
+    if r.returncode != 1:
+        fail(f"{what}: exit status {r.returncode}, not 1\n{text[-2000:]}")
+    elif len(lines) != 1:
+        fail(f"{what}: a line with {fragments} appeared {len(lines)} times, expected once\n{text[-2000:]}")
+    elif "MPI_ABORT" in text:
+        fail(f"{what}: aborted instead of a clean exit on every rank\n{text[-2000:]}")
+
+
+def matrix(train_gpt, weft_ckpt, launch, tmp):
+    def train(ranks, layout, *flags):
+        return launch + ["-n", str(ranks), train_gpt] + MODEL + layout + list(flags)
+
+    saved = ["--dp", "2", "--tp", "2", "--zero1"]
+    run(train(4, saved, "--steps", "6", "--save-every", "3", "--save-dir", "ckpt", "--save", "model.safetensors",
+              "--log-json", "whole.json"), tmp)
+    whole = losses(os.path.join(tmp, "whole.json"))
+    ckpt = os.path.join(tmp, "ckpt")
+    if sorted(os.listdir(ckpt)) != ["3", "6"]:
+        fail(f"--save-every 3 --steps 6 left {sorted(os.listdir(ckpt))} in the save directory, expected 3 and 6")
+
+    # The newest step directory without its index (a save that was interrupted): the root resumes step 3.
+    root = os.path.join(tmp, "interrupted")
+    shutil.copytree(os.path.join(ckpt, "3"), os.path.join(root, "3"))
+    shutil.copytree(os.path.join(ckpt, "6"), os.path.join(root, "6"))
+    os.remove(os.path.join(root, "6", "index.json"))
+    out = run(train(4, saved, "--steps", "6", "--resume", "interrupted", "--save-dir", "interrupted", "--keep", "1",
+                    "--log-json", "same.json"), tmp).stdout
+    if "resumed from interrupted/3 at step 3" not in out:
+        fail(f"the root whose newest step has no index did not resume its step 3: {out[-500:]}")
+    compare_curve("dp2 x tp2 + ZeRO-1 -> the same", whole, losses(os.path.join(tmp, "same.json")), exact=True)
+    if sorted(os.listdir(root)) != ["6"]:
+        fail(f"--keep 1 left {sorted(os.listdir(root))}, expected the newest step, 6")
+    for name in sorted(os.listdir(os.path.join(ckpt, "6"))):
+        if name.endswith(".safetensors"):
+            with open(os.path.join(ckpt, "6", name), "rb") as a, open(os.path.join(root, "6", name), "rb") as b:
+                if a.read() != b.read():
+                    fail(f"the resumed run's step-6 {name} differs from the uninterrupted run's (same layout)")
+
+    for ranks, layout, what in [(4, ["--tp", "2", "--pp", "2"], "tp2 x pp2"), (1, [], "1 rank"),
+                                (4, ["--dp", "4", "--sharding", "zero3"], "dp4 + ZeRO-3")]:
+        log = what.replace(" ", "_") + ".json"
+        out = run(train(ranks, layout, "--steps", "6", "--resume", "ckpt/3", "--log-json", log), tmp).stdout
+        if "resumed from ckpt/3 at step 3" not in out:
+            fail(f"{what}: the run did not say it resumed from ckpt/3: {out[-500:]}")
+        compare_curve(f"dp2 x tp2 + ZeRO-1 -> {what}", whole, losses(os.path.join(tmp, log)), exact=False)
+
+    # weft-ckpt on train_gpt's checkpoint.
+    out = run([weft_ckpt, "verify", "ckpt"], tmp).stdout
+    if not out.startswith("ok: ckpt/6: 84 tensors"):
+        fail(f"weft-ckpt verify: {out}")
+    out = run([weft_ckpt, "inspect", "ckpt/3"], tmp).stdout
+    for fragment in ["step: 3", "layout: cp=1 dp=2 global_batch=4 hsdp=0 micro_batch=1 pp=1 sequence_parallel=0 tp=2 "
+                     "vp=1 world_size=4 zero_stage=1", "data position: seed=5 sequence=12",
+                     "model: train_gpt GPT-2: 2 layers, hidden 64, 4 heads, vocabulary 250, 64 positions",
+                     "wte.weight                               F32  [250, 64]          2 pieces",
+                     "h.0.attn.c_attn.weight                   F32  [64, 192]          6 pieces"]:
+        if fragment not in out:
+            fail(f"weft-ckpt inspect does not say {fragment!r}:\n{out}")
+    run([weft_ckpt, "export", "ckpt", "exported.safetensors"], tmp)
+    exported_meta, exported = safetensors(os.path.join(tmp, "exported.safetensors"))
+    saved_meta, saved_file = safetensors(os.path.join(tmp, "model.safetensors"))
+    if sorted(exported) != sorted(saved_file) or len(saved_file) != 28:
+        fail(f"the export holds {sorted(exported)}, --save's file {sorted(saved_file)}")
+    for name, value in saved_file.items():
+        if exported.get(name) != value:
+            fail(f"tensor {name}: the export of ckpt/6 differs from --save's file of the same step")
+    for key in ("n_layer", "n_embd", "n_positions", "vocab_size"):
+        if exported_meta.get(key) != saved_meta.get(key):
+            fail(f"metadata {key}: export {exported_meta.get(key)!r}, --save {saved_meta.get(key)!r}")
+    print(f"weft-ckpt: verify, inspect and export read train_gpt's checkpoint; the export's {len(exported)} tensors "
+          "are --save's, byte for byte")
+
+
+def piece_offset(directory, tensor):
+    """The file of `tensor`'s first piece, and where that piece's bytes start in it."""
+    with open(os.path.join(directory, "index.json")) as f:
+        piece = json.load(f)["tensors"][tensor]["pieces"][0]
+    path = os.path.join(directory, piece["file"])
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    return piece["file"], 8 + n + header[piece["key"]]["data_offsets"][0]
+
+
+def zero3(train_gpt, weft_ckpt, launch, tmp):
+    def train(ranks, layout, *flags):
+        return launch + ["-n", str(ranks), train_gpt] + MODEL + layout + list(flags)
+
+    saved = ["--dp", "2", "--sharding", "zero3"]
+    run(train(2, saved, "--steps", "6", "--save-every", "3", "--save-dir", "ckpt", "--log-json", "whole.json"), tmp)
+    whole = losses(os.path.join(tmp, "whole.json"))
+    for layout, what, exact in [(saved, "the same", True), (["--tp", "2"], "tp2", False)]:
+        log = what.replace(" ", "_") + ".json"
+        run(train(2, layout, "--steps", "6", "--resume", "ckpt/3", "--log-json", log), tmp)
+        compare_curve(f"dp2 + ZeRO-3 -> {what}", whole, losses(os.path.join(tmp, log)), exact=exact)
+
+    # A corrupted piece: one byte of c_attn's first piece flipped.
+    shutil.copytree(os.path.join(tmp, "ckpt", "3"), os.path.join(tmp, "corrupt"))
+    tensor = "h.1.attn.c_attn.weight"
+    file, at = piece_offset(os.path.join(tmp, "corrupt"), tensor)
+    with open(os.path.join(tmp, "corrupt", file), "r+b") as f:
+        f.seek(at + 5)
+        byte = f.read(1)
+        f.seek(at + 5)
+        f.write(bytes([byte[0] ^ 0x40]))
+    where = [f"file '{file}'", f"tensor '{tensor}'"]
+    refused("a corrupted piece", train(2, ["--tp", "2"], "--steps", "6", "--resume", "corrupt"), tmp,
+            where + ["checksum mismatch"])
+    r = subprocess.run([weft_ckpt, "verify", "corrupt"], capture_output=True, text=True, timeout=60, cwd=tmp)
+    print(f"weft-ckpt verify of the corrupted copy: exit {r.returncode}")
+    if r.returncode != 1 or not any(all(f in line for f in where) for line in (r.stdout + r.stderr).splitlines()):
+        fail(f"weft-ckpt verify of a corrupted piece: exit {r.returncode}, expected 1 naming {where}:\n{r.stdout}{r.stderr}")
+
+    shutil.copytree(os.path.join(tmp, "ckpt", "3"), os.path.join(tmp, "missing"))
+    os.remove(os.path.join(tmp, "missing", "rank-00001.safetensors"))
+    refused("a missing rank file", train(2, ["--tp", "2"], "--steps", "6", "--resume", "missing"), tmp,
+            ["file 'rank-00001.safetensors' of rank 1", "cannot be opened"])
+    refused("another model's checkpoint", train(2, [], "--hidden", "32", "--steps", "6", "--resume", "ckpt"), tmp,
+            ["checkpoint 'ckpt/6'", "tensor 'wte.weight' is F32 [250, 64] but this model needs F32 [250, 32]"])
+
+
+def main():
+    case, train_gpt, weft_ckpt, launch = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+    with tempfile.TemporaryDirectory() as tmp:  # also the runs' working directory
+        {"matrix": matrix, "zero3": zero3}[case](train_gpt, weft_ckpt, launch, tmp)
+    if failures:
+        print(f"distributed_checkpoint_check {case}: FAILED:\n" + "\n".join(failures))
+        return 1
+    print(f"distributed_checkpoint_check {case}: every case passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
