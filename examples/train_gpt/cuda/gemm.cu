@@ -1,0 +1,184 @@
+// The matrix products through cuBLASLt, and the kernels object's own state (the handle, its
+// workspace, the scratch memory). cuBLASLt is column-major; a row-major product C = op(A) op(B)
+// is the column-major C^T = op(B)^T op(A)^T, so every call below swaps the operands.
+
+#include <array>
+#include <bit>
+#include <cstdint>
+
+#include "detail.cuh"
+
+namespace train_gpt::cuda {
+
+namespace detail {
+
+void* scratch::get(std::size_t bytes, cudaStream_t stream) {
+  if (bytes <= bytes_) return ptr_;
+  release(stream);
+  TRAIN_GPT_CUDA_CHECK(cudaMallocAsync(&ptr_, bytes, stream));
+  bytes_ = bytes;
+  return ptr_;
+}
+void scratch::release(cudaStream_t stream) noexcept {
+  if (ptr_ != nullptr) static_cast<void>(cudaFreeAsync(ptr_, stream));
+  ptr_ = nullptr;
+  bytes_ = 0;
+}
+
+namespace {
+
+/// The largest power of two up to 256 that divides the address (what cuBLASLt's algorithms may assume).
+int alignment_of(const void* p) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  if (a == 0) return 256;
+  return static_cast<int>(std::min<std::uintptr_t>(a & (~a + 1), 256));
+}
+
+struct desc_guard {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  ~desc_guard() {
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+}  // namespace
+
+/// Row-major C[M,N] = op(A) op(B) (+ beta C), A stored [M,K] ([K,M] when `ta`), B stored [K,N]
+/// ([N,K] when `tb`), C [M,N]; with the epilogue's bias over N (and GELU, its input into `aux`).
+void gemm(kernels::impl& k, cudaDataType_t ab, cudaDataType_t cd, bool ta, bool tb, std::size_t M, std::size_t N,
+          std::size_t K, const void* A, const void* B, void* C, float beta, cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT,
+          const void* bias = nullptr, void* aux = nullptr) {
+  if (M == 0 || N == 0) return;
+  const auto m = static_cast<std::uint64_t>(N), n = static_cast<std::uint64_t>(M), kk = static_cast<std::uint64_t>(K);
+  const cublasComputeType_t compute =
+      ab == CUDA_R_32F && k.math == gemm_math::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  desc_guard d;
+  TRAIN_GPT_CUDA_CHECK(cublasLtMatmulDescCreate(&d.op, compute, CUDA_R_32F));
+  const cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  TRAIN_GPT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+  TRAIN_GPT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+  TRAIN_GPT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+  if (bias != nullptr)
+    TRAIN_GPT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+  if (aux != nullptr) {
+    const auto ld = static_cast<std::int64_t>(m);
+    TRAIN_GPT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
+    TRAIN_GPT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld));
+  }
+  // The column-major operands: B's storage first (m x k, or k x m transposed), then A's.
+  TRAIN_GPT_CUDA_CHECK(cublasLtMatrixLayoutCreate(&d.a, ab, tb ? kk : m, tb ? m : kk, static_cast<std::int64_t>(tb ? kk : m)));
+  TRAIN_GPT_CUDA_CHECK(cublasLtMatrixLayoutCreate(&d.b, ab, ta ? n : kk, ta ? kk : n, static_cast<std::int64_t>(ta ? n : kk)));
+  TRAIN_GPT_CUDA_CHECK(cublasLtMatrixLayoutCreate(&d.c, cd, m, n, static_cast<std::int64_t>(m)));
+
+  const std::array<long long, 14> key{ta, tb, static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K),
+                                      ab, cd, epilogue, beta != 0.0f, alignment_of(A), alignment_of(B), alignment_of(C),
+                                      alignment_of(bias), alignment_of(aux)};
+  auto found = k.algos.find(key);
+  if (found == k.algos.end()) {
+    TRAIN_GPT_CUDA_CHECK(cublasLtMatmulPreferenceCreate(&d.pref));
+    const std::uint64_t ws = kernels::impl::workspace_bytes;
+    TRAIN_GPT_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    const std::uint32_t align_a = static_cast<std::uint32_t>(alignment_of(B)), align_b = static_cast<std::uint32_t>(alignment_of(A)),
+                        align_c = static_cast<std::uint32_t>(alignment_of(C));
+    TRAIN_GPT_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof align_a));
+    TRAIN_GPT_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof align_b));
+    TRAIN_GPT_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof align_c));
+    TRAIN_GPT_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof align_c));
+    cublasLtMatmulHeuristicResult_t result{};
+    int returned = 0;
+    TRAIN_GPT_CUDA_CHECK(cublasLtMatmulAlgoGetHeuristic(k.lt, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &result, &returned));
+    if (returned == 0)
+      throw std::runtime_error("train_gpt cuda: cuBLASLt has no algorithm for a " + std::to_string(M) + " x " +
+                               std::to_string(N) + " x " + std::to_string(K) + " product with epilogue " +
+                               std::to_string(static_cast<int>(epilogue)));
+    found = k.algos.emplace(key, result.algo).first;
+  }
+  const float alpha = 1.0f;
+  TRAIN_GPT_CUDA_CHECK(cublasLtMatmul(k.lt, d.op, &alpha, B, d.a, A, d.b, &beta, C, d.c, C, d.c, &found->second,
+                                      k.workspace, kernels::impl::workspace_bytes, k.stream));
+}
+
+}  // namespace detail
+
+kernels::kernels(cudaStream_t stream, gemm_math math) : impl_(std::make_unique<impl>()) {
+  impl_->stream = stream;
+  impl_->math = math;
+  TRAIN_GPT_CUDA_CHECK(cublasLtCreate(&impl_->lt));
+  TRAIN_GPT_CUDA_CHECK(cudaMallocAsync(&impl_->workspace, impl::workspace_bytes, stream));
+}
+
+kernels::~kernels() {
+  impl& k = *impl_;
+  for (detail::scratch* s : {&k.sort_keys, &k.sort_values, &k.sort_temp, &k.partial, &k.attention_delta}) s->release(k.stream);
+  if (k.workspace) static_cast<void>(cudaFreeAsync(k.workspace, k.stream));
+  if (k.lt) cublasLtDestroy(k.lt);
+}
+
+cudaStream_t kernels::stream() const noexcept { return impl_->stream; }
+
+void kernels::linear_forward(const float* x, const float* w, const float* bias, float* y, std::size_t tokens,
+                             std::size_t in, std::size_t out) {
+  detail::gemm(*impl_, CUDA_R_32F, CUDA_R_32F, false, false, tokens, out, in, x, w, y, 0.0f,
+               bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, bias);
+}
+
+void kernels::linear_forward_gelu(const float* x, const float* w, const float* bias, float* pre, float* y,
+                                  std::size_t tokens, std::size_t in, std::size_t out) {
+  if (out % 8 != 0 || bias == nullptr) {
+    linear_forward(x, w, bias, pre, tokens, in, out);
+    gelu_forward(pre, y, tokens * out);
+    return;
+  }
+  detail::gemm(*impl_, CUDA_R_32F, CUDA_R_32F, false, false, tokens, out, in, x, w, y, 0.0f,
+               CUBLASLT_EPILOGUE_GELU_AUX_BIAS, bias, pre);
+}
+
+void kernels::linear_backward_input(const float* w, const float* dy, float* dx, std::size_t tokens, std::size_t in,
+                                    std::size_t out) {
+  detail::gemm(*impl_, CUDA_R_32F, CUDA_R_32F, false, true, tokens, in, out, dy, w, dx, 0.0f);
+}
+
+void kernels::linear_backward_weight(const float* x, const float* dy, float* dw, float* dbias, std::size_t tokens,
+                                     std::size_t in, std::size_t out) {
+  detail::gemm(*impl_, CUDA_R_32F, CUDA_R_32F, true, false, in, out, tokens, x, dy, dw, 1.0f);
+  if (dbias != nullptr) column_sums(dy, dbias, tokens, out);
+}
+
+void kernels::linear_forward(const bf16* x, const bf16* w, const bf16* bias, bf16* y, std::size_t tokens,
+                             std::size_t in, std::size_t out) {
+  detail::gemm(*impl_, CUDA_R_16BF, CUDA_R_16BF, false, false, tokens, out, in, x, w, y, 0.0f,
+               bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, bias);
+}
+
+void kernels::linear_backward_input(const bf16* w, const bf16* dy, bf16* dx, std::size_t tokens, std::size_t in,
+                                    std::size_t out) {
+  detail::gemm(*impl_, CUDA_R_16BF, CUDA_R_16BF, false, true, tokens, in, out, dy, w, dx, 0.0f);
+}
+
+void kernels::linear_backward_weight(const bf16* x, const bf16* dy, float* dw, std::size_t tokens, std::size_t in,
+                                     std::size_t out) {
+  detail::gemm(*impl_, CUDA_R_16BF, CUDA_R_32F, true, false, in, out, tokens, x, dy, dw, 1.0f);
+}
+
+void kernels::logits_forward(const float* h, const float* wte, float* logits, std::size_t tokens, std::size_t c,
+                             std::size_t vocab) {
+  detail::gemm(*impl_, CUDA_R_32F, CUDA_R_32F, false, true, tokens, vocab, c, h, wte, logits, 0.0f);
+}
+
+void kernels::logits_backward_input(const float* wte, const float* dlogits, float* dh, std::size_t tokens,
+                                    std::size_t c, std::size_t vocab) {
+  detail::gemm(*impl_, CUDA_R_32F, CUDA_R_32F, false, false, tokens, c, vocab, dlogits, wte, dh, 0.0f);
+}
+
+void kernels::logits_backward_weight(const float* h, const float* dlogits, float* dwte, std::size_t tokens,
+                                     std::size_t c, std::size_t vocab) {
+  detail::gemm(*impl_, CUDA_R_32F, CUDA_R_32F, true, false, vocab, c, tokens, dlogits, h, dwte, 1.0f);
+}
+
+}  // namespace train_gpt::cuda
