@@ -125,7 +125,9 @@ TEST_CASE_METHOD(fixture, "linear layers: forward with and without bias, the GEL
     k.linear_forward(dx_, dw_, db_, y_, T, in, out);
     require_close(y_.get(), yb, fp32_rtol, 0, "bias");
     cpu_kernels::gelu_forward(yb.data(), gelu.data(), T * out);
-    k.linear_forward_gelu(dx_, dw_, db_, pre_, g_, T, in, out);
+    const bool fused = k.linear_forward_gelu(dx_, dw_, db_, pre_, g_, T, in, out);
+    INFO("GELU in the product's epilogue: " << (fused ? "yes" : "no (product, then GELU)"));
+    if (out % 8 != 0) CHECK_FALSE(fused);
     require_close(pre_.get(), yb, fp32_rtol, 0, "gelu epilogue's input");
     require_close(g_.get(), gelu, 1e-4, 1e-6, "gelu epilogue");  // cuBLASLt's own GELU formula
 

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <array>
@@ -55,8 +56,9 @@ struct kernels::impl {
   cublasLtHandle_t lt = nullptr;
   void* workspace = nullptr;
   static constexpr std::size_t workspace_bytes = std::size_t{32} << 20;  // cuBLASLt's recommendation for Hopper
-  /// The best algorithm cuBLASLt's heuristic gives for each product's shape and form.
-  std::map<std::array<long long, 14>, cublasLtMatmulAlgo_t> algos;
+  /// The best algorithm cuBLASLt's heuristic gives for each product's shape and form (none: an
+  /// optional epilogue it does not offer there).
+  std::map<std::array<long long, 14>, std::optional<cublasLtMatmulAlgo_t>> algos;
   detail::scratch sort_keys, sort_values, sort_temp, partial, attention_delta;
 };
 

@@ -51,10 +51,11 @@ struct desc_guard {
 
 /// Row-major C[M,N] = op(A) op(B) (+ beta C), A stored [M,K] ([K,M] when `ta`), B stored [K,N]
 /// ([N,K] when `tb`), C [M,N]; with the epilogue's bias over N (and GELU, its input into `aux`).
-void gemm(kernels::impl& k, cudaDataType_t ab, cudaDataType_t cd, bool ta, bool tb, std::size_t M, std::size_t N,
+/// Returns false, having done nothing, when cuBLASLt has no algorithm for it and `optional` is set.
+bool gemm(kernels::impl& k, cudaDataType_t ab, cudaDataType_t cd, bool ta, bool tb, std::size_t M, std::size_t N,
           std::size_t K, const void* A, const void* B, void* C, float beta, cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT,
-          const void* bias = nullptr, void* aux = nullptr) {
-  if (M == 0 || N == 0) return;
+          const void* bias = nullptr, void* aux = nullptr, bool optional = false) {
+  if (M == 0 || N == 0) return true;
   const auto m = static_cast<std::uint64_t>(N), n = static_cast<std::uint64_t>(M), kk = static_cast<std::uint64_t>(K);
   const cublasComputeType_t compute =
       ab == CUDA_R_32F && k.math == gemm_math::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
@@ -92,16 +93,25 @@ void gemm(kernels::impl& k, cudaDataType_t ab, cudaDataType_t cd, bool ta, bool 
     TRAIN_GPT_CUDA_CHECK(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof align_c));
     cublasLtMatmulHeuristicResult_t result{};
     int returned = 0;
-    TRAIN_GPT_CUDA_CHECK(cublasLtMatmulAlgoGetHeuristic(k.lt, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &result, &returned));
+    // An epilogue cuBLASLt does not offer for these types may come back as NOT_SUPPORTED or as no result.
+    const cublasStatus_t status =
+        cublasLtMatmulAlgoGetHeuristic(k.lt, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &result, &returned);
+    if ((status != CUBLAS_STATUS_SUCCESS || returned == 0) && optional) {
+      k.algos.emplace(key, std::nullopt);
+      return false;
+    }
+    TRAIN_GPT_CUDA_CHECK(status);
     if (returned == 0)
       throw std::runtime_error("train_gpt cuda: cuBLASLt has no algorithm for a " + std::to_string(M) + " x " +
                                std::to_string(N) + " x " + std::to_string(K) + " product with epilogue " +
                                std::to_string(static_cast<int>(epilogue)));
     found = k.algos.emplace(key, result.algo).first;
   }
+  if (!found->second) return false;  // only optional products are remembered as missing
   const float alpha = 1.0f;
-  TRAIN_GPT_CUDA_CHECK(cublasLtMatmul(k.lt, d.op, &alpha, B, d.a, A, d.b, &beta, C, d.c, C, d.c, &found->second,
+  TRAIN_GPT_CUDA_CHECK(cublasLtMatmul(k.lt, d.op, &alpha, B, d.a, A, d.b, &beta, C, d.c, C, d.c, &*found->second,
                                       k.workspace, kernels::impl::workspace_bytes, k.stream));
+  return true;
 }
 
 }  // namespace detail
@@ -128,15 +138,15 @@ void kernels::linear_forward(const float* x, const float* w, const float* bias, 
                bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, bias);
 }
 
-void kernels::linear_forward_gelu(const float* x, const float* w, const float* bias, float* pre, float* y,
+bool kernels::linear_forward_gelu(const float* x, const float* w, const float* bias, float* pre, float* y,
                                   std::size_t tokens, std::size_t in, std::size_t out) {
-  if (out % 8 != 0 || bias == nullptr) {
-    linear_forward(x, w, bias, pre, tokens, in, out);
-    gelu_forward(pre, y, tokens * out);
-    return;
-  }
-  detail::gemm(*impl_, CUDA_R_32F, CUDA_R_32F, false, false, tokens, out, in, x, w, y, 0.0f,
-               CUBLASLT_EPILOGUE_GELU_AUX_BIAS, bias, pre);
+  if (out % 8 == 0 && bias != nullptr &&
+      detail::gemm(*impl_, CUDA_R_32F, CUDA_R_32F, false, false, tokens, out, in, x, w, y, 0.0f,
+                   CUBLASLT_EPILOGUE_GELU_AUX_BIAS, bias, pre, true))
+    return true;
+  linear_forward(x, w, bias, pre, tokens, in, out);
+  gelu_forward(pre, y, tokens * out);
+  return false;
 }
 
 void kernels::linear_backward_input(const float* w, const float* dy, float* dx, std::size_t tokens, std::size_t in,

@@ -55,8 +55,9 @@ class kernels {
                       std::size_t in, std::size_t out);
   /// pre = x W + b and y = gelu(pre) (the MLP's c_fc and its activation): in one product with
   /// cuBLASLt's GELU epilogue, which writes both, when `out` is a multiple of 8 (the epilogue's
-  /// alignment rule); otherwise the product, then gelu_forward.
-  void linear_forward_gelu(const float* x, const float* w, const float* bias, float* pre, float* y,
+  /// alignment rule) and cuBLASLt has an algorithm for it; otherwise the product, then
+  /// gelu_forward. Returns whether the epilogue did it.
+  bool linear_forward_gelu(const float* x, const float* w, const float* bias, float* pre, float* y,
                            std::size_t tokens, std::size_t in, std::size_t out);
   /// dx = dy W^T (overwrites).
   void linear_backward_input(const float* w, const float* dy, float* dx, std::size_t tokens, std::size_t in,
