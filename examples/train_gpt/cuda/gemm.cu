@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "detail.cuh"
+#include "products.hpp"
 
 namespace train_gpt::cuda {
 
@@ -52,30 +53,32 @@ struct desc_guard {
 /// Row-major C[M,N] = op(A) op(B) (+ beta C), A stored [M,K] ([K,M] when `ta`), B stored [K,N]
 /// ([N,K] when `tb`), C [M,N]; with the epilogue's bias over N (and GELU, its input into `aux`).
 /// Returns false, having done nothing, when cuBLASLt has no algorithm for it and `optional` is set.
-bool gemm(kernels::impl& k, cudaDataType_t ab, cudaDataType_t cd, bool ta, bool tb, std::size_t M, std::size_t N,
-          std::size_t K, const void* A, const void* B, void* C, float beta, cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT,
+bool gemm(kernels::impl& k, cudaDataType_t ab, cudaDataType_t cd, const row_major_product& p, const void* A,
+          const void* B, void* C, float beta, cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT,
           const void* bias = nullptr, void* aux = nullptr, bool optional = false) {
+  const bool ta = p.trans_a, tb = p.trans_b;
+  const std::size_t M = p.M, N = p.N, K = p.K;
   if (M == 0 || N == 0) return true;
-  const auto m = static_cast<std::uint64_t>(N), n = static_cast<std::uint64_t>(M), kk = static_cast<std::uint64_t>(K);
+  const column_major_product cm = column_major(p);
   const cublasComputeType_t compute =
       ab == CUDA_R_32F && k.math == gemm_math::tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   desc_guard d;
   TRAIN_GPT_CUDA_CHECK(cublasLtMatmulDescCreate(&d.op, compute, CUDA_R_32F));
-  const cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t opa = cm.trans_first ? CUBLAS_OP_T : CUBLAS_OP_N, opb = cm.trans_second ? CUBLAS_OP_T : CUBLAS_OP_N;
   TRAIN_GPT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
   TRAIN_GPT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
   TRAIN_GPT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
   if (bias != nullptr)
     TRAIN_GPT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
   if (aux != nullptr) {
-    const auto ld = static_cast<std::int64_t>(m);
+    const auto ld = static_cast<std::int64_t>(cm.ld_out);
     TRAIN_GPT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux));
     TRAIN_GPT_CUDA_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld));
   }
-  // The column-major operands: B's storage first (m x k, or k x m transposed), then A's.
-  TRAIN_GPT_CUDA_CHECK(cublasLtMatrixLayoutCreate(&d.a, ab, tb ? kk : m, tb ? m : kk, static_cast<std::int64_t>(tb ? kk : m)));
-  TRAIN_GPT_CUDA_CHECK(cublasLtMatrixLayoutCreate(&d.b, ab, ta ? n : kk, ta ? kk : n, static_cast<std::int64_t>(ta ? n : kk)));
-  TRAIN_GPT_CUDA_CHECK(cublasLtMatrixLayoutCreate(&d.c, cd, m, n, static_cast<std::int64_t>(m)));
+  // The column-major operands: B's storage first, then A's (products.hpp).
+  TRAIN_GPT_CUDA_CHECK(cublasLtMatrixLayoutCreate(&d.a, ab, cm.first_rows, cm.first_cols, static_cast<std::int64_t>(cm.first_ld)));
+  TRAIN_GPT_CUDA_CHECK(cublasLtMatrixLayoutCreate(&d.b, ab, cm.second_rows, cm.second_cols, static_cast<std::int64_t>(cm.second_ld)));
+  TRAIN_GPT_CUDA_CHECK(cublasLtMatrixLayoutCreate(&d.c, cd, cm.m, cm.n, static_cast<std::int64_t>(cm.ld_out)));
 
   const std::array<long long, 14> key{ta, tb, static_cast<long long>(M), static_cast<long long>(N), static_cast<long long>(K),
                                       ab, cd, epilogue, beta != 0.0f, alignment_of(A), alignment_of(B), alignment_of(C),
@@ -134,14 +137,14 @@ cudaStream_t kernels::stream() const noexcept { return impl_->stream; }
 
 void kernels::linear_forward(const float* x, const float* w, const float* bias, float* y, std::size_t tokens,
                              std::size_t in, std::size_t out) {
-  detail::gemm(*impl_, CUDA_R_32F, CUDA_R_32F, false, false, tokens, out, in, x, w, y, 0.0f,
+  detail::gemm(*impl_, CUDA_R_32F, CUDA_R_32F, linear_forward_product(tokens, in, out), x, w, y, 0.0f,
                bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, bias);
 }
 
 bool kernels::linear_forward_gelu(const float* x, const float* w, const float* bias, float* pre, float* y,
                                   std::size_t tokens, std::size_t in, std::size_t out) {
   if (out % 8 == 0 && bias != nullptr &&
-      detail::gemm(*impl_, CUDA_R_32F, CUDA_R_32F, false, false, tokens, out, in, x, w, y, 0.0f,
+      detail::gemm(*impl_, CUDA_R_32F, CUDA_R_32F, linear_forward_product(tokens, in, out), x, w, y, 0.0f,
                    CUBLASLT_EPILOGUE_GELU_AUX_BIAS, bias, pre, true))
     return true;
   linear_forward(x, w, bias, pre, tokens, in, out);
@@ -151,44 +154,44 @@ bool kernels::linear_forward_gelu(const float* x, const float* w, const float* b
 
 void kernels::linear_backward_input(const float* w, const float* dy, float* dx, std::size_t tokens, std::size_t in,
                                     std::size_t out) {
-  detail::gemm(*impl_, CUDA_R_32F, CUDA_R_32F, false, true, tokens, in, out, dy, w, dx, 0.0f);
+  detail::gemm(*impl_, CUDA_R_32F, CUDA_R_32F, linear_backward_input_product(tokens, in, out), dy, w, dx, 0.0f);
 }
 
 void kernels::linear_backward_weight(const float* x, const float* dy, float* dw, float* dbias, std::size_t tokens,
                                      std::size_t in, std::size_t out) {
-  detail::gemm(*impl_, CUDA_R_32F, CUDA_R_32F, true, false, in, out, tokens, x, dy, dw, 1.0f);
+  detail::gemm(*impl_, CUDA_R_32F, CUDA_R_32F, linear_backward_weight_product(tokens, in, out), x, dy, dw, 1.0f);
   if (dbias != nullptr) column_sums(dy, dbias, tokens, out);
 }
 
 void kernels::linear_forward(const bf16* x, const bf16* w, const bf16* bias, bf16* y, std::size_t tokens,
                              std::size_t in, std::size_t out) {
-  detail::gemm(*impl_, CUDA_R_16BF, CUDA_R_16BF, false, false, tokens, out, in, x, w, y, 0.0f,
+  detail::gemm(*impl_, CUDA_R_16BF, CUDA_R_16BF, linear_forward_product(tokens, in, out), x, w, y, 0.0f,
                bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, bias);
 }
 
 void kernels::linear_backward_input(const bf16* w, const bf16* dy, bf16* dx, std::size_t tokens, std::size_t in,
                                     std::size_t out) {
-  detail::gemm(*impl_, CUDA_R_16BF, CUDA_R_16BF, false, true, tokens, in, out, dy, w, dx, 0.0f);
+  detail::gemm(*impl_, CUDA_R_16BF, CUDA_R_16BF, linear_backward_input_product(tokens, in, out), dy, w, dx, 0.0f);
 }
 
 void kernels::linear_backward_weight(const bf16* x, const bf16* dy, float* dw, std::size_t tokens, std::size_t in,
                                      std::size_t out) {
-  detail::gemm(*impl_, CUDA_R_16BF, CUDA_R_32F, true, false, in, out, tokens, x, dy, dw, 1.0f);
+  detail::gemm(*impl_, CUDA_R_16BF, CUDA_R_32F, linear_backward_weight_product(tokens, in, out), x, dy, dw, 1.0f);
 }
 
 void kernels::logits_forward(const float* h, const float* wte, float* logits, std::size_t tokens, std::size_t c,
                              std::size_t vocab) {
-  detail::gemm(*impl_, CUDA_R_32F, CUDA_R_32F, false, true, tokens, vocab, c, h, wte, logits, 0.0f);
+  detail::gemm(*impl_, CUDA_R_32F, CUDA_R_32F, logits_forward_product(tokens, c, vocab), h, wte, logits, 0.0f);
 }
 
 void kernels::logits_backward_input(const float* wte, const float* dlogits, float* dh, std::size_t tokens,
                                     std::size_t c, std::size_t vocab) {
-  detail::gemm(*impl_, CUDA_R_32F, CUDA_R_32F, false, false, tokens, c, vocab, dlogits, wte, dh, 0.0f);
+  detail::gemm(*impl_, CUDA_R_32F, CUDA_R_32F, logits_backward_input_product(tokens, c, vocab), dlogits, wte, dh, 0.0f);
 }
 
 void kernels::logits_backward_weight(const float* h, const float* dlogits, float* dwte, std::size_t tokens,
                                      std::size_t c, std::size_t vocab) {
-  detail::gemm(*impl_, CUDA_R_32F, CUDA_R_32F, true, false, vocab, c, tokens, dlogits, h, dwte, 1.0f);
+  detail::gemm(*impl_, CUDA_R_32F, CUDA_R_32F, logits_backward_weight_product(tokens, c, vocab), dlogits, h, dwte, 1.0f);
 }
 
 }  // namespace train_gpt::cuda
