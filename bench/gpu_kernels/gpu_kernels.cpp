@@ -162,6 +162,10 @@ int main(int argc, char** argv) try {
     report_flops("linear bwd weight c_fc bf16 (fp32 grad)",
                  t.time([&] { fp32.linear_backward_weight(xb, yb, dw, N, C, 4 * C); }), fc);
     report_bytes("gelu fwd bf16 [8192, 3072]", t.time([&] { fp32.gelu_forward(yb, xb, N * 4 * C); }), 2.0 * 2 * N * 4 * C);
+    float* mean = a.zeros<float>(N);
+    float* rstd = a.zeros<float>(N);
+    report_bytes("layernorm fwd bf16 [8192, 768]",
+                 t.time([&] { fp32.layernorm_forward(xb, bb, bb, yb, mean, rstd, N, C); }), 2.0 * 2 * N * C);
   }
 
   // ---- per-element and per-row operations, fp32 ----

@@ -230,6 +230,42 @@ TEST_CASE_METHOD(fixture, "layer norm forward and backward; column sums, twice w
   require_close(first, sums, 1e-4, 0, "column sums (4097 rows)");
 }
 
+TEST_CASE_METHOD(fixture, "bf16 layer norm against fp32 on the same rounded inputs") {
+  gpu::kernels k(stream);
+  std::mt19937 rng(10);
+  const std::size_t T = 77, c = 71;
+  auto round = [](std::vector<float> v) {
+    std::vector<gpu::bf16> h(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) h[i] = __float2bfloat16(v[i]), v[i] = __bfloat162float(h[i]);
+    return std::pair{v, h};
+  };
+  auto widen = [](const std::vector<gpu::bf16>& h) {
+    std::vector<float> v(h.size());
+    for (std::size_t i = 0; i < h.size(); ++i) v[i] = __bfloat162float(h[i]);
+    return v;
+  };
+  const auto [x, xh] = round(random_floats(T * c, rng, 2.0f));
+  const auto [w, wh] = round(random_floats(c, rng));
+  const auto [b, bh] = round(random_floats(c, rng));
+  const auto [dy, dyh] = round(random_floats(T * c, rng));
+  const auto [dx0, dx0h] = round(random_floats(T * c, rng));
+  device<gpu::bf16> xd(xh), wd(wh), bd(bh), yd(T * c), dyd(dyh), dxd(dx0h);
+  device<float> md(T), rd(T), dwd(c), dbd(c);
+  std::vector<float> y(T * c), mean(T), rstd(T), dx = dx0, dw(c, 0.0f), db(c, 0.0f);
+  cpu_kernels::layernorm_forward(x.data(), w.data(), b.data(), y.data(), mean.data(), rstd.data(), T, c);
+  k.layernorm_forward(xd, wd, bd, yd, md, rd, T, c);
+  require_close(widen(yd.get()), y, 8e-3, 0, "bf16 y");
+  require_close(md.get(), mean, fp32_rtol, 1e-6, "mean (fp32 from bf16 inputs)");
+  require_close(rd.get(), rstd, fp32_rtol, 0, "rstd");
+  cpu_kernels::layernorm_backward_input(x.data(), w.data(), mean.data(), rstd.data(), dy.data(), dx.data(), T, c);
+  k.layernorm_backward_input(xd, wd, md, rd, dyd, dxd, T, c);
+  require_close(widen(dxd.get()), dx, 8e-3, 0, "bf16 dx (added)");
+  cpu_kernels::layernorm_backward_params(x.data(), mean.data(), rstd.data(), dy.data(), dw.data(), db.data(), T, c);
+  k.layernorm_backward_params(xd, md, rd, dyd, dwd, dbd, T, c);
+  require_close(dwd.get(), dw, 1e-4, 0, "dw (fp32)");
+  require_close(dbd.get(), db, 1e-4, 0, "db (fp32)");
+}
+
 TEST_CASE_METHOD(fixture, "GELU forward and backward, the residual add") {
   gpu::kernels k(stream);
   std::mt19937 rng(5);

@@ -15,7 +15,7 @@
 // This header is plain C++ (g++ compiles the callers); the kernels are in the .cu files.
 //
 // What exists: fp32 for every operation; bf16 (bf16 storage, fp32 accumulation) for the linear
-// layers' products, GELU and the residual add. Not wired into train_gpt yet (see docs/train_gpt.md).
+// layers' products, layer norm, GELU and the residual add. Not wired into train_gpt yet (see docs/train_gpt.md).
 
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -108,6 +108,13 @@ class kernels {
                                 const float* dy, float* dx, std::size_t tokens, std::size_t c);
   /// dw += sum over rows of x̂ dy, db += sum of dy, in a fixed order.
   void layernorm_backward_params(const float* x, const float* mean, const float* rstd, const float* dy, float* dw,
+                                 float* db, std::size_t tokens, std::size_t c);
+  /// bf16 activations and parameters; fp32 statistics, sums and parameter gradients.
+  void layernorm_forward(const bf16* x, const bf16* w, const bf16* b, bf16* y, float* mean, float* rstd,
+                         std::size_t tokens, std::size_t c, float eps = 1e-5f);
+  void layernorm_backward_input(const bf16* x, const bf16* w, const float* mean, const float* rstd, const bf16* dy,
+                                bf16* dx, std::size_t tokens, std::size_t c);
+  void layernorm_backward_params(const bf16* x, const float* mean, const float* rstd, const bf16* dy, float* dw,
                                  float* db, std::size_t tokens, std::size_t c);
 
   // ---- embeddings (embedding.cu) ------------------------------------------------------------
