@@ -100,6 +100,8 @@ echo "==== gpu-check summary ($(date -u '+%Y-%m-%d %H:%M UTC'), $((SECONDS - sta
 grep -E '^ *[0-9]+/[0-9]+ Test +#' "$log" | sed -E 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: //' || true
 # What the benchmarks and the large-boundary pipeline test printed.
 grep -hE '^(pipeline p2p:|verdict:)|algbw|busbw' "$build/Testing/Temporary/LastTest.log" 2>/dev/null | sort -u | head -40 || true
+# train_gpt's CUDA operations, timed (bench/gpu_kernels), in the order they ran.
+grep -h '^gpu kernel:' "$build/Testing/Temporary/LastTest.log" 2>/dev/null | head -60 || true
 grep -E 'tests passed|tests failed' "$log" | tail -1 || true
 if [ "$status" -eq 124 ]; then
   echo "gpu-check: FAILED: the tests ran past the budget (${budget} s in all)"

@@ -1,0 +1,461 @@
+// train_gpt's CUDA operations (examples/train_gpt/cuda) against the CPU path's (cpu_kernels.hpp)
+// on random inputs of awkward sizes (no multiple of 32 unless a case needs one), forward and
+// backward. Needs a GPU: label `gpu` (scripts/gpu-check.sh runs it).
+//
+// Tolerances are relative to the largest magnitude of the CPU's result (max |gpu - cpu| <=
+// rtol * max |cpu| + atol), each chosen from how the two computations differ:
+//  - fp32 products and row reductions: the same float operations summed in another order, an error
+//    of about (terms) x 2^-24 relative; up to 128 terms here, so 1e-5 with a margin (rtol 2e-5);
+//  - bf16 products: inputs rounded to bf16 on both sides, the GPU's output rounded to bf16
+//    (relative 2^-9), so 8e-3;
+//  - exponentials: the CPU's fast_exp (1 ulp) against expf (2 ulp): 1e-5 in GELU and softmax;
+//  - attention: a softmax over up to 100 keys and products of 64 terms, in another order: 1e-5
+//    forward, 1e-4 backward (whose products sum over keys and queries of those);
+//  - exact where the operations and their order are the CPU's: the embeddings (gather, and
+//    each row's sum in token order), the residual add, AdamW (no fused multiply-adds).
+
+#include <catch2/catch.hpp>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cpu_kernels.hpp"
+#include "kernels.hpp"
+
+using train_gpt::cpu_kernels;
+namespace gpu = train_gpt::cuda;
+
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+/// A device copy of a host vector, and back.
+template <class T>
+class device {
+ public:
+  explicit device(std::size_t n) : n_(n) {
+    void* p = nullptr;
+    check(cudaMalloc(&p, std::max<std::size_t>(n, 1) * sizeof(T)), "cudaMalloc");
+    p_ = static_cast<T*>(p);
+    check(cudaMemset(p_, 0, std::max<std::size_t>(n, 1) * sizeof(T)), "cudaMemset");
+  }
+  explicit device(const std::vector<T>& v) : device(v.size()) { set(v); }
+  ~device() { cudaFree(p_); }
+  device(const device&) = delete;
+  device& operator=(const device&) = delete;
+  void set(const std::vector<T>& v) { check(cudaMemcpy(p_, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "to device"); }
+  std::vector<T> get() const {
+    check(cudaDeviceSynchronize(), "kernels");
+    std::vector<T> v(n_);
+    check(cudaMemcpy(v.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost), "to host");
+    return v;
+  }
+  T* data() { return p_; }
+  operator T*() { return p_; }
+
+ private:
+  T* p_ = nullptr;
+  std::size_t n_;
+};
+
+std::vector<float> random_floats(std::size_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+/// The largest |a - b| is at most rtol x the largest |b| + atol; says by how much otherwise.
+void require_close(const std::vector<float>& gpu, const std::vector<float>& cpu, double rtol, double atol = 0,
+                   const char* what = "") {
+  REQUIRE(gpu.size() == cpu.size());
+  double err = 0, mag = 0;
+  std::size_t worst = 0;
+  for (std::size_t i = 0; i < cpu.size(); ++i) {
+    REQUIRE(std::isfinite(gpu[i]));
+    const double e = std::abs(static_cast<double>(gpu[i]) - cpu[i]);
+    if (e > err) err = e, worst = i;
+    mag = std::max(mag, std::abs(static_cast<double>(cpu[i])));
+  }
+  INFO(what << ": max error " << err << " at " << worst << " (gpu " << gpu[worst] << ", cpu " << cpu[worst]
+            << "), largest magnitude " << mag << ", tolerance " << rtol * mag + atol);
+  CHECK(err <= rtol * mag + atol);
+}
+
+struct fixture {
+  cudaStream_t stream{};
+  fixture() {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
+      FAIL("no CUDA device here: test_train_gpt_cuda needs a GPU (run it with scripts/gpu-check.sh on a GPU machine)");
+    check(cudaStreamCreate(&stream), "cudaStreamCreate");
+  }
+  ~fixture() { cudaStreamDestroy(stream); }
+};
+
+constexpr double fp32_rtol = 2e-5;
+
+}  // namespace
+
+TEST_CASE_METHOD(fixture, "linear layers: forward with and without bias, the GELU epilogue, both backward parts") {
+  gpu::kernels k(stream);
+  std::mt19937 rng(1);
+  const std::size_t T = 77, in = 45;
+  for (std::size_t out : {83u, 88u}) {  // 88: a multiple of 8, where the GELU epilogue is fused
+    INFO("out " << out);
+    const auto x = random_floats(T * in, rng), w = random_floats(in * out, rng, 0.2f), b = random_floats(out, rng);
+    const auto dy = random_floats(T * out, rng), dw0 = random_floats(in * out, rng), db0 = random_floats(out, rng);
+    device<float> dx_(x), dw_(w), db_(b), y_(T * out), pre_(T * out), g_(T * out), ddy(dy), dxg(T * in), ddw(dw0),
+        ddb(db0);
+
+    std::vector<float> y(T * out), yb(T * out), gelu(T * out);
+    cpu_kernels::linear_forward(x.data(), w.data(), {}, y.data(), T, in, out);
+    k.linear_forward(dx_, dw_, nullptr, y_, T, in, out);
+    require_close(y_.get(), y, fp32_rtol, 0, "no bias");
+    cpu_kernels::linear_forward(x.data(), w.data(), b, yb.data(), T, in, out);
+    k.linear_forward(dx_, dw_, db_, y_, T, in, out);
+    require_close(y_.get(), yb, fp32_rtol, 0, "bias");
+    cpu_kernels::gelu_forward(yb.data(), gelu.data(), T * out);
+    const bool fused = k.linear_forward_gelu(dx_, dw_, db_, pre_, g_, T, in, out);
+    INFO("GELU in the product's epilogue: " << (fused ? "yes" : "no (product, then GELU)"));
+    if (out % 8 != 0) CHECK_FALSE(fused);
+    require_close(pre_.get(), yb, fp32_rtol, 0, "gelu epilogue's input");
+    require_close(g_.get(), gelu, 1e-4, 1e-6, "gelu epilogue");  // cuBLASLt's own GELU formula
+
+    std::vector<float> dx(T * in), dw = dw0, db = db0;
+    cpu_kernels::linear_backward_input(w.data(), dy.data(), dx.data(), T, in, out);
+    k.linear_backward_input(dw_, ddy, dxg, T, in, out);
+    require_close(dxg.get(), dx, fp32_rtol, 0, "input gradient");
+    cpu_kernels::linear_backward_weight(x.data(), dy.data(), dw.data(), db, T, in, out);
+    k.linear_backward_weight(dx_, ddy, ddw, ddb, T, in, out);
+    require_close(ddw.get(), dw, fp32_rtol, 0, "weight gradient (added)");
+    require_close(ddb.get(), db, fp32_rtol, 0, "bias gradient (added)");
+  }
+}
+
+TEST_CASE_METHOD(fixture, "bf16 linear layers against fp32 on the same rounded inputs") {
+  gpu::kernels k(stream);
+  std::mt19937 rng(2);
+  const std::size_t T = 77, in = 72, out = 88;  // bf16 products want 16-byte rows: multiples of 8
+  auto round = [](std::vector<float> v) {
+    std::vector<gpu::bf16> h(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) h[i] = __float2bfloat16(v[i]), v[i] = __bfloat162float(h[i]);
+    return std::pair{v, h};
+  };
+  auto widen = [](const std::vector<gpu::bf16>& h) {
+    std::vector<float> v(h.size());
+    for (std::size_t i = 0; i < h.size(); ++i) v[i] = __bfloat162float(h[i]);
+    return v;
+  };
+  const auto [x, xh] = round(random_floats(T * in, rng));
+  const auto [w, wh] = round(random_floats(in * out, rng, 0.2f));
+  const auto [b, bh] = round(random_floats(out, rng));
+  const auto [dy, dyh] = round(random_floats(T * out, rng));
+  device<gpu::bf16> dx_(xh), dw_(wh), db_(bh), y_(T * out), ddy(dyh), dxg(T * in);
+  device<float> ddw(in * out);
+  std::vector<float> y(T * out), dx(T * in), dw(in * out, 0.0f);
+  cpu_kernels::linear_forward(x.data(), w.data(), b, y.data(), T, in, out);
+  k.linear_forward(dx_, dw_, db_, y_, T, in, out);
+  require_close(widen(y_.get()), y, 8e-3, 0, "bf16 forward");
+  cpu_kernels::linear_backward_input(w.data(), dy.data(), dx.data(), T, in, out);
+  k.linear_backward_input(dw_, ddy, dxg, T, in, out);
+  require_close(widen(dxg.get()), dx, 8e-3, 0, "bf16 input gradient");
+  cpu_kernels::linear_backward_weight(x.data(), dy.data(), dw.data(), {}, T, in, out);
+  k.linear_backward_weight(dx_, ddy, ddw, T, in, out);
+  require_close(ddw.get(), dw, fp32_rtol, 0, "bf16 weight gradient (fp32 out)");  // exact products, fp32 sums
+}
+
+TEST_CASE_METHOD(fixture, "the tied output layer: logits, their input and weight gradients") {
+  gpu::kernels k(stream);
+  std::mt19937 rng(3);
+  const std::size_t T = 29, c = 45, V = 1001;
+  const auto h = random_floats(T * c, rng), wte = random_floats(V * c, rng, 0.1f), dl = random_floats(T * V, rng, 0.01f);
+  const auto dwte0 = random_floats(V * c, rng);
+  device<float> dh_(h), dwte(wte), dlog(dl), logits_(T * V), dhg(T * c), ddwte(dwte0);
+  std::vector<float> logits(T * V), dh(T * c), dw = dwte0;
+  cpu_kernels::logits_forward(h.data(), wte.data(), logits.data(), T, c, V);
+  k.logits_forward(dh_, dwte, logits_, T, c, V);
+  require_close(logits_.get(), logits, fp32_rtol, 0, "logits");
+  cpu_kernels::logits_backward_input(wte.data(), dl.data(), dh.data(), T, c, V);
+  k.logits_backward_input(dwte, dlog, dhg, T, c, V);
+  require_close(dhg.get(), dh, 1e-4, 0, "dh (1001 terms)");
+  cpu_kernels::logits_backward_weight(h.data(), dl.data(), dw.data(), T, c, V);
+  k.logits_backward_weight(dh_, dlog, ddwte, T, c, V);
+  require_close(ddwte.get(), dw, fp32_rtol, 0, "dwte (added)");
+}
+
+TEST_CASE_METHOD(fixture, "layer norm forward and backward; column sums, twice with the same bits") {
+  gpu::kernels k(stream);
+  std::mt19937 rng(4);
+  const std::size_t T = 301, c = 71;
+  auto x = random_floats(T * c, rng, 2.0f);
+  for (std::size_t t = 0; t < T; ++t)
+    for (std::size_t i = 0; i < c; ++i) x[t * c + i] += static_cast<float>(t % 7);  // rows with a mean far from 0
+  const auto w = random_floats(c, rng), b = random_floats(c, rng), dy = random_floats(T * c, rng);
+  const auto dx0 = random_floats(T * c, rng), dw0 = random_floats(c, rng), db0 = random_floats(c, rng);
+  device<float> xd(x), wd(w), bd(b), yd(T * c), md(T), rd(T), dyd(dy), dxd(dx0), dwd(dw0), dbd(db0);
+  std::vector<float> y(T * c), mean(T), rstd(T), dx = dx0, dw = dw0, db = db0;
+  cpu_kernels::layernorm_forward(x.data(), w.data(), b.data(), y.data(), mean.data(), rstd.data(), T, c);
+  k.layernorm_forward(xd, wd, bd, yd, md, rd, T, c);
+  require_close(yd.get(), y, fp32_rtol, 0, "y");
+  require_close(md.get(), mean, fp32_rtol, 0, "mean");
+  require_close(rd.get(), rstd, fp32_rtol, 0, "rstd");
+  cpu_kernels::layernorm_backward_input(x.data(), w.data(), mean.data(), rstd.data(), dy.data(), dx.data(), T, c);
+  k.layernorm_backward_input(xd, wd, md, rd, dyd, dxd, T, c);
+  require_close(dxd.get(), dx, fp32_rtol, 0, "dx (added)");
+  cpu_kernels::layernorm_backward_params(x.data(), mean.data(), rstd.data(), dy.data(), dw.data(), db.data(), T, c);
+  k.layernorm_backward_params(xd, md, rd, dyd, dwd, dbd, T, c);
+  require_close(dwd.get(), dw, 1e-4, 0, "dw (added; 301 rows)");
+  require_close(dbd.get(), db, 1e-4, 0, "db (added; 301 rows)");
+
+  // The bias gradient: the same bits from two runs (a fixed order of sums), and the CPU's value.
+  const std::size_t rows = 4097;  // more than one band of rows
+  const auto g = random_floats(rows * c, rng);
+  std::vector<float> sums(c, 0.0f);
+  cpu_kernels::column_sums(g.data(), sums, rows);
+  device<float> gd(g), s1(c), s2(c);
+  k.column_sums(gd, s1, rows, c);
+  k.column_sums(gd, s2, rows, c);
+  const auto first = s1.get();
+  CHECK(first == s2.get());
+  require_close(first, sums, 1e-4, 0, "column sums (4097 rows)");
+}
+
+TEST_CASE_METHOD(fixture, "bf16 layer norm against fp32 on the same rounded inputs") {
+  gpu::kernels k(stream);
+  std::mt19937 rng(10);
+  const std::size_t T = 77, c = 71;
+  auto round = [](std::vector<float> v) {
+    std::vector<gpu::bf16> h(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) h[i] = __float2bfloat16(v[i]), v[i] = __bfloat162float(h[i]);
+    return std::pair{v, h};
+  };
+  auto widen = [](const std::vector<gpu::bf16>& h) {
+    std::vector<float> v(h.size());
+    for (std::size_t i = 0; i < h.size(); ++i) v[i] = __bfloat162float(h[i]);
+    return v;
+  };
+  const auto [x, xh] = round(random_floats(T * c, rng, 2.0f));
+  const auto [w, wh] = round(random_floats(c, rng));
+  const auto [b, bh] = round(random_floats(c, rng));
+  const auto [dy, dyh] = round(random_floats(T * c, rng));
+  const auto [dx0, dx0h] = round(random_floats(T * c, rng));
+  device<gpu::bf16> xd(xh), wd(wh), bd(bh), yd(T * c), dyd(dyh), dxd(dx0h);
+  device<float> md(T), rd(T), dwd(c), dbd(c);
+  std::vector<float> y(T * c), mean(T), rstd(T), dx = dx0, dw(c, 0.0f), db(c, 0.0f);
+  cpu_kernels::layernorm_forward(x.data(), w.data(), b.data(), y.data(), mean.data(), rstd.data(), T, c);
+  k.layernorm_forward(xd, wd, bd, yd, md, rd, T, c);
+  require_close(widen(yd.get()), y, 8e-3, 0, "bf16 y");
+  require_close(md.get(), mean, fp32_rtol, 1e-6, "mean (fp32 from bf16 inputs)");
+  require_close(rd.get(), rstd, fp32_rtol, 0, "rstd");
+  cpu_kernels::layernorm_backward_input(x.data(), w.data(), mean.data(), rstd.data(), dy.data(), dx.data(), T, c);
+  k.layernorm_backward_input(xd, wd, md, rd, dyd, dxd, T, c);
+  require_close(widen(dxd.get()), dx, 8e-3, 0, "bf16 dx (added)");
+  cpu_kernels::layernorm_backward_params(x.data(), mean.data(), rstd.data(), dy.data(), dw.data(), db.data(), T, c);
+  k.layernorm_backward_params(xd, md, rd, dyd, dwd, dbd, T, c);
+  require_close(dwd.get(), dw, 1e-4, 0, "dw (fp32)");
+  require_close(dbd.get(), db, 1e-4, 0, "db (fp32)");
+}
+
+TEST_CASE_METHOD(fixture, "GELU forward and backward, the residual add") {
+  gpu::kernels k(stream);
+  std::mt19937 rng(5);
+  const std::size_t n = 10007, T = 77, c = 130;
+  const auto x = random_floats(n, rng, 3.0f), dy = random_floats(n, rng);
+  device<float> xd(x), yd(n), dyd(dy), dxd(n);
+  std::vector<float> y(n), dx(n);
+  cpu_kernels::gelu_forward(x.data(), y.data(), n);
+  k.gelu_forward(xd, yd, n);
+  require_close(yd.get(), y, 1e-5, 1e-7, "gelu");
+  cpu_kernels::gelu_backward(x.data(), dy.data(), dx.data(), n);
+  k.gelu_backward(xd, dyd, dxd, n);
+  require_close(dxd.get(), dx, 1e-5, 1e-7, "gelu backward");
+
+  const auto a = random_floats(T * c, rng), o = random_floats(T * c, rng), b = random_floats(c, rng);
+  device<float> ad(a), od(o), bd(b), rd(T * c);
+  std::vector<float> r(T * c);
+  cpu_kernels::residual_add(a.data(), o.data(), b.data(), r.data(), T, c);
+  k.residual_add(ad, od, bd, rd, T, c);
+  CHECK(rd.get() == r);
+}
+
+TEST_CASE_METHOD(fixture, "embeddings: forward exact; backward exact and the same bits on every run") {
+  gpu::kernels k(stream);
+  std::mt19937 rng(6);
+  const std::size_t n = 301, c = 45, vocab = 37, seq = 43;  // tokens repeat many times
+  std::vector<std::int32_t> tokens(n);
+  std::vector<std::int64_t> positions(n);
+  std::uniform_int_distribution<std::int32_t> tok(0, static_cast<std::int32_t>(vocab) - 1);
+  for (std::size_t t = 0; t < n; ++t) tokens[t] = tok(rng), positions[t] = static_cast<std::int64_t>(t % seq);
+  const auto wte = random_floats(vocab * c, rng), wpe = random_floats(seq * c, rng), dx = random_floats(n * c, rng);
+  const auto dwte0 = random_floats(vocab * c, rng), dwpe0 = random_floats(seq * c, rng);
+  device<std::int32_t> td(tokens);
+  device<std::int64_t> pd(positions);
+  device<float> wted(wte), wped(wpe), xd(n * c), dxd(dx);
+  std::vector<float> x(n * c);
+  cpu_kernels::embedding_forward(tokens, positions, wte.data(), wpe.data(), x.data(), c);
+  k.embedding_forward(td, pd, wted, wped, xd, n, c);
+  CHECK(xd.get() == x);
+
+  std::vector<float> dwte = dwte0, dwpe = dwpe0;
+  cpu_kernels::embedding_backward(tokens, positions, dx.data(), dwte.data(), dwpe.data(), c);
+  std::vector<std::vector<float>> runs;
+  for (int run = 0; run < 2; ++run) {
+    device<float> dwted(dwte0), dwped(dwpe0);
+    k.embedding_backward(td, pd, dxd, dwted, dwped, n, c);
+    const auto gw = dwted.get(), gp = dwped.get();
+    CHECK(gw == dwte);  // each token's rows added in token order, as the CPU adds them
+    CHECK(gp == dwpe);
+    runs.push_back(gw);
+  }
+  CHECK(runs[0] == runs[1]);
+}
+
+TEST_CASE_METHOD(fixture, "cross-entropy fused with the softmax, whole rows and split by vocabulary") {
+  gpu::kernels k(stream);
+  std::mt19937 rng(7);
+  const std::size_t rows = 29, V = 1001;
+  const float scale = 1.0f / 29.0f;
+  const auto logits = random_floats(rows * V, rng, 3.0f);
+  std::vector<std::int32_t> labels(rows);
+  std::uniform_int_distribution<std::int32_t> lab(0, static_cast<std::int32_t>(V) - 1);
+  for (auto& l : labels) l = lab(rng);
+  labels[0] = 0, labels[1] = static_cast<std::int32_t>(V) - 1, labels[2] = 500, labels[3] = 499;  // the ends of both blocks
+
+  std::vector<float> grad = logits;
+  const double cpu_loss = cpu_kernels::cross_entropy(grad.data(), labels, V, scale);
+  device<float> ld(logits);
+  device<std::int32_t> labd(labels);
+  device<double> lossd(rows);
+  k.cross_entropy(ld, labd, rows, V, scale, lossd);
+  const auto losses = lossd.get();
+  CHECK(std::abs(std::accumulate(losses.begin(), losses.end(), 0.0) - cpu_loss) <= 1e-5 * std::abs(cpu_loss));
+  require_close(ld.get(), grad, 1e-5, 1e-9, "gradient");
+
+  // Two vocabulary blocks (500 and 501 columns), with the host doing the all-reduces.
+  const std::size_t split = 500;
+  std::vector<std::vector<float>> blocks(2);
+  for (std::size_t t = 0; t < rows; ++t) {
+    blocks[0].insert(blocks[0].end(), logits.begin() + t * V, logits.begin() + t * V + split);
+    blocks[1].insert(blocks[1].end(), logits.begin() + t * V + split, logits.begin() + (t + 1) * V);
+  }
+  const std::size_t first[2] = {0, split}, cols[2] = {split, V - split};
+  device<float> b0(blocks[0]), b1(blocks[1]), max0(rows), max1(rows);
+  device<double> sums0(2 * rows), sums1(2 * rows), loss0(rows);
+  float* b[2] = {b0, b1};
+  float* mx[2] = {max0, max1};
+  double* sm[2] = {sums0, sums1};
+  for (int r = 0; r < 2; ++r) k.cross_entropy_row_max(b[r], rows, cols[r], mx[r]);
+  const auto m0 = max0.get(), m1 = max1.get();
+  std::vector<float> max(rows);
+  for (std::size_t t = 0; t < rows; ++t) max[t] = std::max(m0[t], m1[t]);
+  max0.set(max);
+  max1.set(max);
+  for (int r = 0; r < 2; ++r) k.cross_entropy_exp_sums(b[r], labd, rows, cols[r], first[r], mx[r], sm[r]);
+  auto s0 = sums0.get();
+  const auto s1 = sums1.get();
+  for (std::size_t i = 0; i < 2 * rows; ++i) s0[i] += s1[i];
+  sums0.set(s0);
+  sums1.set(s0);
+  for (int r = 0; r < 2; ++r) k.cross_entropy_finish(b[r], labd, rows, cols[r], first[r], mx[r], sm[r], scale, r == 0 ? loss0.data() : nullptr);
+  const auto split_losses = loss0.get();
+  CHECK(std::abs(std::accumulate(split_losses.begin(), split_losses.end(), 0.0) - cpu_loss) <= 1e-5 * std::abs(cpu_loss));
+  const auto g0 = b0.get(), g1 = b1.get();
+  std::vector<float> joined;
+  for (std::size_t t = 0; t < rows; ++t) {
+    joined.insert(joined.end(), g0.begin() + t * split, g0.begin() + (t + 1) * split);
+    joined.insert(joined.end(), g1.begin() + t * (V - split), g1.begin() + (t + 1) * (V - split));
+  }
+  require_close(joined, grad, 1e-5, 1e-9, "vocab-parallel gradient");
+}
+
+TEST_CASE_METHOD(fixture, "AdamW: three steps equal to the CPU's, bit for bit") {
+  gpu::kernels k(stream);
+  std::mt19937 rng(8);
+  const std::size_t n = 1031;
+  for (bool decay : {true, false}) {
+    auto p = random_floats(n, rng);
+    std::vector<float> m(n, 0.0f), v(n, 0.0f);
+    device<float> pd(p), md(n), vd(n), gd(n);
+    const cpu_kernels::adamw_settings cs{.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+    const gpu::adamw_settings gs{.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+    for (long step = 1; step <= 3; ++step) {
+      const auto g = random_floats(n, rng, 0.1f);
+      gd.set(g);
+      cpu_kernels::adamw(p.data(), g.data(), m.data(), v.data(), n, step, cs, decay);
+      k.adamw(pd, gd, md, vd, n, step, gs, decay);
+      CHECK(pd.get() == p);
+      CHECK(md.get() == m);
+      CHECK(vd.get() == v);
+    }
+  }
+}
+
+TEST_CASE_METHOD(fixture, "causal attention, forward and backward, against the CPU path's BLAS attention") {
+  gpu::kernels k(stream);
+  std::mt19937 rng(9);
+  struct case_ {
+    const char* name;
+    std::vector<std::int64_t> q_pos, k_pos;
+    std::size_t heads, head_dim;
+    bool causal;
+  };
+  auto range = [](std::int64_t first, std::size_t n) {
+    std::vector<std::int64_t> v(n);
+    std::iota(v.begin(), v.end(), first);
+    return v;
+  };
+  auto join = [](std::vector<std::int64_t> a, const std::vector<std::int64_t>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  const std::vector<case_> cases = {
+      {"one sequence of 77, head_dim 64", range(0, 77), range(0, 77), 3, 64, true},
+      {"one sequence of 100, head_dim 40", range(0, 100), range(0, 100), 2, 40, true},
+      // cp's load-balanced chunks: queries of chunks 1 and 6 against the keys of chunks 1 and 6
+      {"load-balanced chunks, head_dim 24", join(range(13, 13), range(78, 13)), join(range(13, 13), range(78, 13)), 3, 24, true},
+      // a later block of keys than queries: every row sees nothing (out 0, lse -inf)
+      {"keys after every query", range(0, 37), range(40, 45), 2, 64, true},
+      {"not causal, head_dim 100", range(0, 51), range(0, 67), 2, 100, false},
+  };
+  for (const case_& c : cases) {
+    INFO(c.name);
+    const std::size_t nq = c.q_pos.size(), nk = c.k_pos.size(), row = c.heads * c.head_dim;
+    const weft::cp::attention_shape shape{.heads = c.heads, .head_dim = c.head_dim};
+    const weft::cp::attention_options options{.causal = c.causal};
+    const float scale = static_cast<float>(weft::cp::softmax_scale(shape, options));
+    const auto q = random_floats(nq * row, rng), kk = random_floats(nk * row, rng), v = random_floats(nk * row, rng);
+    const auto dout = random_floats(nq * row, rng);
+    const auto dq0 = random_floats(nq * row, rng), dk0 = random_floats(nk * row, rng), dv0 = random_floats(nk * row, rng);
+    std::vector<float> out(nq * row), lse(nq * c.heads), dq = dq0, dk = dk0, dv = dv0;
+    train_gpt::blas_attention cpu;
+    cpu.forward(q, c.q_pos, kk, v, c.k_pos, shape, options, out, lse);
+    cpu.backward(q, c.q_pos, kk, v, c.k_pos, shape, options, out, lse, dout, dq, dk, dv);
+
+    device<float> qd(q), kd(kk), vd(v), od(nq * row), lsed(nq * c.heads), dod(dout), dqd(dq0), dkd(dk0), dvd(dv0);
+    device<std::int64_t> qp(c.q_pos), kp(c.k_pos);
+    k.attention_forward(qd, kd, vd, qp, kp, nq, nk, c.heads, c.head_dim, scale, c.causal, od, lsed);
+    require_close(od.get(), out, 1e-5, 1e-7, "out");
+    const auto g_lse = lsed.get();
+    for (std::size_t i = 0; i < lse.size(); ++i) {
+      if (std::isinf(lse[i])) {
+        CHECK((std::isinf(g_lse[i]) && g_lse[i] < 0));
+        continue;
+      }
+      CHECK(std::abs(g_lse[i] - lse[i]) <= 1e-5f * std::max(1.0f, std::abs(lse[i])));
+    }
+    k.attention_backward(qd, kd, vd, qp, kp, nq, nk, c.heads, c.head_dim, scale, c.causal, od, lsed, dod, dqd, dkd, dvd);
+    require_close(dqd.get(), dq, 1e-4, 1e-6, "dq (added)");
+    require_close(dkd.get(), dk, 1e-4, 1e-6, "dk (added)");
+    require_close(dvd.get(), dv, 1e-4, 1e-6, "dv (added)");
+  }
+}
