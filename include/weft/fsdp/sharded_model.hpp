@@ -430,6 +430,7 @@ class sharded_model : public detail::model_part<B, Param> {
     if (options_.scale != grad::scaling::token_count)
       fail(where() + ": set_token_count() needs scaling::token_count (the model uses another scaling)");
     if (!(tokens > 0)) fail(where() + ": set_token_count(" + std::to_string(tokens) + "): the count must be positive");
+    this->check_token_count_can_change();
     token_count_ = tokens;
   }
 
@@ -494,6 +495,14 @@ class sharded_model : public detail::model_part<B, Param> {
       token_count_.reset();
       std::rethrow_exception(failure);
     }
+    // The window's last reductions ran (zeros for skipped units): on a GPU they applied the scale,
+    // so it is applied here too, and the count is used up, whether units were skipped or not.
+    std::optional<double> factor;
+    if (last) {
+      factor = scale_factor();
+      token_count_.reset();
+      if (factor) this->apply_window_scale(*factor);
+    }
     if (!skipped.empty()) {
       std::string names;
       for (std::size_t u : skipped) names += (names.empty() ? "" : ", ") + unit_name(u);
@@ -502,12 +511,9 @@ class sharded_model : public detail::model_part<B, Param> {
            "; their gradients were reduced as zeros. Run backward(u) for every unit in each micro-step.");
     }
     if (!last) return false;
-    std::optional<double> factor = scale_factor();
-    token_count_.reset();
     if (!factor)
       fail(where() + ": scaling::token_count, but set_token_count() was not called before finish() of the window's "
            "last micro-step; the gradient shards are left unscaled (sums)");
-    this->apply_window_scale(*factor);
     ++steps_;
     return true;
   }

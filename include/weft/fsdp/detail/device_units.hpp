@@ -26,6 +26,7 @@ class device_units;
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <exception>
 #include <utility>
 
 #include <weft/backend/cuda/device_guard.hpp>
@@ -33,6 +34,7 @@ class device_units;
 #include <weft/core/error.hpp>
 #include <weft/fsdp/detail/model_core.hpp>
 #include <weft/fsdp/detail/unit_buffer.hpp>
+#include <weft/fsdp/schedule.hpp>
 #include <weft/grad/options.hpp>
 
 namespace weft::fsdp::detail {
@@ -82,9 +84,11 @@ class device_units : public model_core<B, Param> {
 
   // ---- what sharded_model<B, Param> calls --------------------------------------------------
 
-  /// The device, the compute stream and the shard group's stream.
+  /// The device, the compute stream, the shard group's stream and (HSDP) the replicate group's,
+  /// whose all-reduce writes the gradient shards: memory is given back after all of them.
   streams<memory_space::device> streams_of() const {
-    return {this->shard_group().native().device(), compute_, this->shard_group().native().stream()};
+    return {this->shard_group().native().device(), compute_, this->shard_group().native().stream(),
+            this->replicate_ ? this->replicate_group().native().stream() : nullptr};
   }
 
   /// The token count is folded into the window's last reductions: it must be known before them.
@@ -94,7 +98,13 @@ class device_units : public model_core<B, Param> {
            "window's last micro-step; on a GPU backend the division is folded into the reductions, so the count "
            "must be known when the first one is issued");
   }
-  void check_token_count_can_change() const {}
+  /// The division is folded into each unit's reduction as it is issued: a count changed during the
+  /// window's last backward would scale some units and not others (the synchronizer refuses it too).
+  void check_token_count_can_change() const {
+    if (this->last_micro_step() && this->during_ == pass::backward)
+      fail(this->where() + ": set_token_count() during the window's last backward; on a GPU backend the division is "
+           "folded into each unit's reduction, so set the count before that micro-step's first backward(u)");
+  }
 
   /// The reduction writes its sum straight into the gradient shard, so this rank's block of the
   /// unit's gradient buffer starts as the shard accumulated so far (on one replica only: the
@@ -129,8 +139,15 @@ class device_units : public model_core<B, Param> {
     s.reduce = factor == 1.0 ? this->shard_group().reduce_scatter_async(all, mine)
                              : this->shard_group().reduce_scatter_scaled_async(all, mine, factor);
     if (this->replicate_) {
-      s.reduce.make_stream_wait(this->replicate_group().native().stream());
-      s.replicate = this->replicate_group().all_reduce_async(mine);
+      // A failure here is kept for finish(), as the host part keeps one seen while polling: thrown
+      // now, it would leave the unit reduce-scattered but not done, and finish() would
+      // reduce-scatter it a second time on this rank alone.
+      try {
+        s.reduce.make_stream_wait(this->replicate_group().native().stream());
+        s.replicate = this->replicate_group().all_reduce_async(mine);
+      } catch (...) {
+        if (!this->failure_) this->failure_ = std::current_exception();
+      }
     }
     s.work.release(streams_of());  // after the reduce-scatter that reads it
   }

@@ -55,7 +55,8 @@ class host_units : public model_core<B, Param> {
   /// Nothing orders host memory: every operation is complete when it returns.
   streams<memory_space::host> streams_of() const { return {}; }
 
-  /// Nothing to check before a backward, or before a token count changes.
+  /// Nothing to check before a backward, or before a token count changes (it is applied at the
+  /// window's end).
   void check_backward_can_begin() const {}
   void check_token_count_can_change() const {}
 
