@@ -80,6 +80,57 @@ TEST_CASE("a unit skipped in backward is reduced as zeros and named", "[fsdp][er
   clean_step(model);
 }
 
+// A last micro-step that fails (a unit skipped in backward) still ends the window as it does on a
+// GPU, where the scale is folded into the reductions: the shards hold the scaled sums, and the
+// token count is used up, so the next window cannot run on a stale one.
+TEST_CASE("a failed last micro-step scales the shards and uses up the token count", "[fsdp][errors]") {
+  auto dp = dp_world();
+  const int rank = dp.rank();
+  const int ranks = dp.size();
+  const layer_stack& net = test_stack();
+  // Forward of every unit, backward of units 3 and 2 only.
+  auto failed_step = [&](model_t<double>& model) {
+    register_units(model);
+    load_initial(model);
+    const std::vector<std::size_t> samples = samples_of(0, 0, 1, rank, ranks);
+    auto acts = net.begin(samples);
+    for (std::size_t l = 0; l < net.layers(); ++l) {
+      auto scope = model.forward(l);
+      net.forward<double>(l, scope.param(0), scope.param(1), acts);
+    }
+    auto dy = net.output_gradient(samples, acts, 1.0 / static_cast<double>(samples.size()));
+    for (std::size_t l : {std::size_t{3}, std::size_t{2}}) {
+      auto scope = model.backward(l);
+      dy = net.backward<double, double>(l, scope.param(0), acts, dy, scope.grad(0), scope.grad(1));
+    }
+    REQUIRE_THROWS_WITH(model.finish(), Catch::Contains("2 of 4 units not run backward"));
+  };
+  model_t<double> sums(dp, {.scale = weft::grad::scaling::sum});
+  failed_step(sums);
+  model_t<double> per_token(dp, {.scale = weft::grad::scaling::token_count});
+  per_token.set_token_count(8);
+  failed_step(per_token);
+  // Whole gradients (the same on every rank: a rank's shard may be padding alone).
+  const auto sum = sums.gather_whole([&](std::size_t u) { return sums.shard_grads(u); });
+  const auto scaled = per_token.gather_whole([&](std::size_t u) { return per_token.shard_grads(u); });
+  REQUIRE(scaled.size() == sum.size());
+  bool nonzero = false;
+  for (std::size_t t = 0; t < sum.size(); ++t) {
+    REQUIRE(scaled[t].values.size() == sum[t].values.size());
+    for (std::size_t i = 0; i < sum[t].values.size(); ++i) {
+      nonzero = nonzero || sum[t].values[i] != 0.0;
+      REQUIRE(scaled[t].values[i] == sum[t].values[i] / 8);  // 1/8 is exact in double
+    }
+  }
+  REQUIRE(nonzero);
+  per_token.zero_grad();
+  micro_step(per_token, samples_of(1, 0, 1, rank, ranks));
+  REQUIRE_THROWS_WITH(per_token.finish(), Catch::Contains("set_token_count() was not called"));
+  per_token.set_token_count(4);
+  micro_step(per_token, samples_of(2, 0, 1, rank, ranks));
+  REQUIRE(per_token.finish());
+}
+
 TEST_CASE("an exception inside a unit's scope closes it without communicating", "[fsdp][errors]") {
   auto dp = dp_world();
   model_t<double> model(dp, {});

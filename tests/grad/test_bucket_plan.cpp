@@ -3,11 +3,13 @@
 #include <catch2/catch.hpp>
 
 #include <weft/grad/bucket_plan.hpp>
+#include <weft/grad/reduction_schedule.hpp>
 
 #include "../../bench/grad_sync/gpt2_shapes.hpp"
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
 #include <vector>
 
 using weft::grad::bucket_plan;
@@ -168,4 +170,71 @@ TEST_CASE("describe() names every bucket", "[grad][plan]") {
   bucket_plan plan(five(), weft::dtype::float32, small_caps());
   std::string text = plan.describe();
   REQUIRE_THAT(text, Catch::Contains("4 buckets") && Catch::Contains("bucket 2") && Catch::Contains("c .. b"));
+}
+
+TEST_CASE("the reduction schedule issues buckets in bucket order, whatever order parameters are marked in",
+          "[grad][plan]") {
+  bucket_plan plan(five(), weft::dtype::float32, small_caps());  // buckets {e}, {d}, {c, b}, {a}
+  weft::grad::reduction_schedule s(plan, 5, 2);
+  REQUIRE_FALSE(s.reduces_this_micro_step());
+  for (std::size_t p = 0; p < 5; ++p) REQUIRE_FALSE(s.mark(p, false));  // the first micro-step reduces nothing
+  REQUIRE_FALSE(s.next_issuable());
+  s.end_micro_step(false);
+  REQUIRE(s.micro_step() == 1);
+  REQUIRE(s.reduces_this_micro_step());
+  REQUIRE(s.marked_count() == 0);
+  // Bucket 2 (c, b) completes first, but bucket 0 (e) has not been issued: nothing may go.
+  REQUIRE_FALSE(s.mark(2, true));
+  REQUIRE(s.mark(1, true));
+  REQUIRE_FALSE(s.next_issuable());
+  REQUIRE(s.mark(4, true));
+  REQUIRE(s.next_issuable() == std::optional<std::size_t>(0));
+  s.issued();
+  REQUIRE_FALSE(s.next_issuable());  // bucket 1 (d) is not complete
+  REQUIRE(s.unmarked() == std::vector<std::size_t>{0, 3});
+  REQUIRE(s.next_unissued() == std::optional<std::size_t>(1));
+  REQUIRE(s.mark(3, true));
+  REQUIRE(s.next_issuable() == std::optional<std::size_t>(1));
+  s.issued();
+  REQUIRE(s.next_issuable() == std::optional<std::size_t>(2));
+  s.issued();
+  REQUIRE_FALSE(s.next_issuable());  // bucket 3 (a) is not marked
+  REQUIRE(s.issued_count() == 3);
+  s.end_micro_step(false);
+  REQUIRE(s.micro_step() == 0);
+  REQUIRE(s.issued_count() == 0);
+  // A failure ends the window: the next micro-step begins a new one.
+  s.end_micro_step(false);
+  REQUIRE(s.micro_step() == 1);
+  s.end_micro_step(true);
+  REQUIRE(s.micro_step() == 0);
+}
+
+TEST_CASE("a window's scale factor and the ZeRO-1 shards", "[grad][plan]") {
+  using weft::grad::scaling;
+  using weft::grad::window_scale_factor;
+  REQUIRE(window_scale_factor(scaling::mean, 4, 2, std::nullopt) == 1.0 / 8);
+  REQUIRE(window_scale_factor(scaling::sum, 4, 2, std::nullopt) == 1.0);
+  REQUIRE_FALSE(window_scale_factor(scaling::token_count, 4, 2, std::nullopt));
+  REQUIRE(window_scale_factor(scaling::token_count, 4, 2, 64.0) == 1.0 / 64);
+
+  const std::vector<param_spec> params = five();
+  bucket_plan plan(params, weft::dtype::float32, small_caps(4, 2));
+  std::size_t covered = 0;
+  for (int rank = 0; rank < 2; ++rank) {
+    const auto ranges = weft::grad::shard_ranges_of(plan, rank, 2);
+    REQUIRE(ranges.size() == plan.buckets().size());
+    for (const auto& r : ranges) {
+      REQUIRE(r.count * 2 == plan.buckets()[r.bucket].count);
+      REQUIRE(r.offset == plan.buckets()[r.bucket].offset + static_cast<std::size_t>(rank) * r.count);
+    }
+    // Runs of one parameter each, inside that parameter and inside this rank's shard.
+    for (const auto& seg : weft::grad::shard_segments_of(plan, params, rank, 2)) {
+      REQUIRE(seg.buffer_offset == plan.offset_of(seg.param) + seg.param_offset);
+      REQUIRE(seg.param_offset + seg.count <= params[seg.param].count);
+      covered += seg.count;
+    }
+  }
+  // The two ranks' segments cover every parameter element once (padding excluded).
+  REQUIRE(covered == 100 + 300 + 50 + 1000 + 10);
 }

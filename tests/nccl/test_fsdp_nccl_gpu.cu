@@ -19,13 +19,16 @@
 #include <weft/fsdp/sharded_model.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <span>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 using Catch::Contains;
@@ -327,5 +330,106 @@ TEST_CASE("NCCL fsdp: a ZeRO-3 step makes no host synchronization", "[fsdp][gpu]
   INFO("synchronizations " << counted.synchronizations << ", blocking allocations, frees, copies and memsets "
                            << counted.blocking_memory << ", streams created " << counted.streams_created);
   CHECK(counted.total() == 0);
+  cuda_ok(cudaStreamSynchronize(compute.s));
+}
+
+namespace {
+
+__global__ void spin_kernel(long long cycles) {
+  const long long start = clock64();
+  while (clock64() - start < cycles) {
+  }
+}
+
+weft::fsdp::hybrid_groups<weft::nccl_backend> replica_groups(nccl_comm& dp) {
+  return weft::fsdp::split_by_node(dp, dp.rank(), std::max(1, dp.size() / 2));
+}
+
+}  // namespace
+
+// HSDP's all-reduce across replicas writes the gradient shards on the replicate group's stream, so
+// a model destroyed mid-backward (an exception unwinding) gives its memory back after the work
+// queued there too, not only after the compute and shard streams. Seen from the stream the memory
+// was allocated on (the compute stream): it must wait for a kernel queued on the replicate
+// group's stream after the all-reduce; before the fix it was idle at once.
+TEST_CASE("NCCL fsdp: HSDP gives its memory back after the replicate group's stream", "[fsdp][gpu]") {
+  nccl_comm& dp = world();
+  stream_holder compute;
+  auto groups = replica_groups(dp);
+  cudaStream_t replicate_stream = groups.replicate.native().stream();
+  {
+    device_model<double> model(groups.shard, groups.replicate, {.reduce_dtype = weft::dtype::float64});
+    model.set_compute_stream(compute.s);
+    register_units(model);
+    for (std::size_t u = 0; u < unit_sizes.size(); ++u) model.forward(u).end();
+    model.backward(unit_sizes.size() - 1).end();  // its reduce-scatter and all-reduce across replicas are queued
+    spin_kernel<<<1, 1, 0, replicate_stream>>>(2'000'000'000LL);  // about a second
+    cuda_ok(cudaGetLastError());
+  }
+  bool compute_waits = true;
+  for (int i = 0; i < 20 && compute_waits; ++i) {
+    const cudaError_t state = cudaStreamQuery(compute.s);
+    if (state == cudaSuccess) {
+      compute_waits = false;
+    } else {
+      REQUIRE(state == cudaErrorNotReady);
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  cuda_ok(cudaStreamSynchronize(replicate_stream));
+  cuda_ok(cudaStreamSynchronize(compute.s));
+  CHECK(compute_waits);
+}
+
+// The token count is folded into each unit's reduction as it is issued: changing it during the
+// window's last backward would scale some units and not others, so it is refused (as the
+// synchronizer refuses it after the first mark_ready).
+TEST_CASE("NCCL fsdp: the token count cannot change during the window's last backward", "[fsdp][gpu]") {
+  nccl_comm& dp = world();
+  stream_holder compute;
+  device_model<float> model(dp, {.scale = weft::grad::scaling::token_count, .reduce_dtype = weft::dtype::float32});
+  model.set_compute_stream(compute.s);
+  register_units(model);
+  model.set_token_count(4);
+  for (std::size_t u = 0; u < unit_sizes.size(); ++u) model.forward(u).end();
+  model.backward(unit_sizes.size() - 1).end();  // reduced with 1/4 folded in
+  CHECK_THROWS_WITH(model.set_token_count(8), Contains("during the window's last backward"));
+  for (std::size_t u = unit_sizes.size() - 1; u-- > 0;) model.backward(u).end();
+  CHECK(model.finish());
+  model.set_token_count(8);  // between windows it may change
+  cuda_ok(cudaStreamSynchronize(compute.s));
+}
+
+// An all-reduce across replicas that fails when issued (here: the replicate group was aborted on
+// every rank) is kept for finish(), as the host path keeps a failure seen while polling: the unit
+// counts as reduced, so finish() does not reduce-scatter it a second time. Before the fix the end
+// of each backward threw and finish() issued every unit's reduce-scatter again.
+TEST_CASE("NCCL fsdp: a failed all-reduce across replicas is reported by finish(), each unit reduce-scattered once",
+          "[fsdp][gpu]") {
+  nccl_comm& dp = world();
+  stream_holder compute;
+  auto groups = replica_groups(dp);
+  {
+    device_model<double> model(groups.shard, groups.replicate,
+                               {.level = weft::tune::sharding::gradients, .reduce_dtype = weft::dtype::float64});
+    model.set_compute_stream(compute.s);
+    register_units(model);
+    auto backward_and_finish = [&] {
+      for (std::size_t u = unit_sizes.size(); u-- > 0;) CHECK_NOTHROW(model.backward(u).end());
+      return model.finish();
+    };
+    // A clean micro-step: what the shard group issues from backward to the end of finish().
+    for (std::size_t u = 0; u < unit_sizes.size(); ++u) model.forward(u).end();
+    const std::uint64_t clean_start = groups.shard.recorder().issued();
+    CHECK(backward_and_finish());
+    const std::uint64_t clean = groups.shard.recorder().issued() - clean_start;
+    model.zero_grad();
+
+    for (std::size_t u = 0; u < unit_sizes.size(); ++u) model.forward(u).end();
+    groups.replicate.native().abort();
+    const std::uint64_t failed_start = groups.shard.recorder().issued();
+    CHECK_THROWS(backward_and_finish());
+    CHECK(groups.shard.recorder().issued() - failed_start == clean);
+  }
   cuda_ok(cudaStreamSynchronize(compute.s));
 }

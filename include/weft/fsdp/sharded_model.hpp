@@ -36,12 +36,15 @@
 /// buffer starts as the shard accumulated so far, instead of an addition after the reduction.
 /// The mean (or 1/tokens) is folded into the window's last reduction, so with
 /// scaling::token_count call set_token_count() before that micro-step's backward.
+///
+/// The code: the shards are planned by fsdp/unit_plan.hpp (pure); the state both memory spaces
+/// share is fsdp/detail/model_core.hpp; host memory (MPI) is fsdp/detail/host_units.hpp, device
+/// memory ordered by CUDA streams (NCCL) fsdp/detail/device_units.hpp. This file is the flow of
+/// a micro-step and the checks, the same for both.
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
-#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -52,32 +55,38 @@
 
 #include <weft/backend/backend.hpp>
 #include <weft/comm/communicator.hpp>
-#include <weft/comm/communicator_ref.hpp>
 #include <weft/core/dtype.hpp>
 #include <weft/core/error.hpp>
-#include <weft/fsdp/detail/accumulate.hpp>
+#include <weft/fsdp/detail/device_units.hpp>
+#include <weft/fsdp/detail/host_units.hpp>
+#include <weft/fsdp/detail/model_core.hpp>
 #include <weft/fsdp/detail/unit_buffer.hpp>
 #include <weft/fsdp/options.hpp>
 #include <weft/fsdp/schedule.hpp>
 #include <weft/fsdp/unit_plan.hpp>
 #include <weft/fsdp/whole_tensor.hpp>
 #include <weft/grad/bucket_plan.hpp>
-#include <weft/grad/detail/convert.hpp>
 #include <weft/grad/detail/fingerprint.hpp>
 #include <weft/grad/options.hpp>
 
 namespace weft::fsdp {
 
-/// The type master shards and accumulated gradients are kept in: float, or double for double
-/// parameters.
-template <class Param>
-using master_t = std::conditional_t<std::is_same_v<Param, double>, double, float>;
+namespace detail {
+/// The part of a sharded model that handles its backend's memory space.
+template <backend B, element Param>
+using model_part =
+    std::conditional_t<buffer_memory_v<B> == memory_space::device, device_units<B, Param>, host_units<B, Param>>;
+}  // namespace detail
 
 /// `Param` is FSDP2's param_dtype: the type parameters are gathered in and gradients are produced
 /// in (float, double, or weft::bfloat16).
+///
+/// On a GPU backend it also has `set_compute_stream(cudaStream_t)` and `compute_stream()`
+/// (fsdp/detail/device_units.hpp).
 template <backend B, element Param = float>
   requires(is_floating(dtype_of<Param>))
-class sharded_model {
+class sharded_model : public detail::model_part<B, Param> {
+  using part = detail::model_part<B, Param>;
 
  public:
   using request = typename B::request;
@@ -94,7 +103,7 @@ class sharded_model {
 
   /// Shards over `shard_group` (the dp group; the group must outlive the model).
   explicit sharded_model(communicator<B>& shard_group, fsdp_options options = {})
-      : shard_(shard_group.ref()), options_(options) {
+      : part(shard_group, options) {
     validate_options();
   }
 
@@ -103,7 +112,7 @@ class sharded_model {
   /// reduce-scattered inside the shard group, then all-reduced across replicas. See
   /// fsdp/hybrid_groups.hpp for the groups made from dp by node placement.
   sharded_model(communicator<B>& shard_group, communicator<B>& replicate_group, fsdp_options options = {})
-      : shard_(shard_group.ref()), replicate_(replicate_group.ref()), options_(options) {
+      : part(shard_group, replicate_group, options) {
     validate_options();
   }
 
@@ -111,37 +120,7 @@ class sharded_model {
   sharded_model& operator=(const sharded_model&) = delete;
   /// Waits for the communication still in flight (its requests do), so no buffer dies under it;
   /// device memory is given back after the compute and communication queued so far.
-  ~sharded_model() {
-    if constexpr (on_device) {
-      try {
-        for (unit_state& s : units_) release_buffers(s, true);
-      } catch (...) {  // a destructor cannot throw; the memory goes back when the process ends
-      }
-    }
-  }
-
-#if WEFT_HAS_CUDA
-  /// GPU backends: the stream forward, backward and the optimizer run on. Gathers and reductions
-  /// are ordered after the work queued on it; it waits for a unit's gather when the unit begins.
-  /// Default: the default stream. The stream must outlive the model, whose memory is given back
-  /// in its order.
-  void set_compute_stream(cudaStream_t stream)
-    requires on_device
-  {
-    if (frozen_ && in_micro_step())
-      fail(where() + ": set_compute_stream() in the middle of a micro-step; set it between micro-steps");
-    if (stream != compute_.stream) {
-      cuda::device_guard on(shard_group().native().device());
-      cuda::wait_for_stream(stream, compute_.stream);  // what follows sees what the old stream did
-    }
-    compute_.stream = stream;
-  }
-  cudaStream_t compute_stream() const noexcept
-    requires on_device
-  {
-    return compute_.stream;
-  }
-#endif
+  ~sharded_model() = default;
 
   // ---- registration ------------------------------------------------------------------------
 
@@ -190,14 +169,11 @@ class sharded_model {
   }
   std::size_t unit_count() const noexcept { return specs_.size(); }
   const fsdp_options& options() const noexcept { return options_; }
-  communicator<B>& shard_group() const { return shard_.get(); }
-  communicator<B>& replicate_group() const {
-    if (!replicate_) fail(where() + ": replicate_group(): this model has no replicate group (not hybrid)");
-    return replicate_->get();
-  }
-  bool hybrid() const noexcept { return replicate_.has_value(); }
+  communicator<B>& shard_group() const { return part::shard_group(); }
+  communicator<B>& replicate_group() const { return part::replicate_group(); }
+  bool hybrid() const noexcept { return part::hybrid(); }
   /// Ranks a gradient is averaged over: the shard group's size times the replicas'.
-  int data_parallel_size() const { return shard_group().size() * (replicate_ ? replicate_group().size() : 1); }
+  int data_parallel_size() const { return part::data_parallel_size(); }
 
   // ---- shards --------------------------------------------------------------------------------
 
@@ -396,10 +372,7 @@ class sharded_model {
              "; run units backward in reverse registration order, each once per micro-step, then finish()");
       if (u > 0) next = u - 1;
     }
-    if (on_device && options_.scale == grad::scaling::token_count && last_micro_step() && !token_count_)
-      fail(where() + ": scaling::token_count, but set_token_count() was not called before the backward of the "
-           "window's last micro-step; on a GPU backend the division is folded into the reductions, so the count "
-           "must be known when the first one is issued");
+    this->check_backward_can_begin();
     during_ = pass::backward;
     ensure_gathered(u);
     if (options_.prefetch && next) ensure_gathered(*next);
@@ -457,6 +430,7 @@ class sharded_model {
     if (options_.scale != grad::scaling::token_count)
       fail(where() + ": set_token_count() needs scaling::token_count (the model uses another scaling)");
     if (!(tokens > 0)) fail(where() + ": set_token_count(" + std::to_string(tokens) + "): the count must be positive");
+    this->check_token_count_can_change();
     token_count_ = tokens;
   }
 
@@ -502,7 +476,7 @@ class sharded_model {
       }
       s.backward_done = false;
       try {
-        release_buffers(s, false);
+        release_buffers(s);
         if (s.params == param_state::gathering) s.params = param_state::gathered;
         if (full_sharding() && s.params != param_state::freed) free_params(u);
       } catch (...) {
@@ -521,6 +495,14 @@ class sharded_model {
       token_count_.reset();
       std::rethrow_exception(failure);
     }
+    // The window's last reductions ran (zeros for skipped units): on a GPU they applied the scale,
+    // so it is applied here too, and the count is used up, whether units were skipped or not.
+    std::optional<double> factor;
+    if (last) {
+      factor = scale_factor();
+      token_count_.reset();
+      if (factor) this->apply_window_scale(*factor);
+    }
     if (!skipped.empty()) {
       std::string names;
       for (std::size_t u : skipped) names += (names.empty() ? "" : ", ") + unit_name(u);
@@ -529,13 +511,9 @@ class sharded_model {
            "; their gradients were reduced as zeros. Run backward(u) for every unit in each micro-step.");
     }
     if (!last) return false;
-    std::optional<double> factor = scale_factor();
-    token_count_.reset();
     if (!factor)
       fail(where() + ": scaling::token_count, but set_token_count() was not called before finish() of the window's "
            "last micro-step; the gradient shards are left unscaled (sums)");
-    if (!on_device && *factor != 1.0)  // on a GPU, the last reductions applied it
-      for (unit_state& s : units_) grad::detail::scale_in_place<master_type>(s.grads.span(), *factor);
     ++steps_;
     return true;
   }
@@ -600,29 +578,36 @@ class sharded_model {
   };
 
  private:
-  enum class param_state { freed, gathering, gathered };
-
-  struct unit_state {
-    detail::unit_buffer<master_type, memory> master;  ///< this rank's master shard (padding included)
-    detail::unit_buffer<master_type, memory> grads;   ///< this rank's accumulated gradient shard
-    detail::unit_buffer<Param, memory> gathered;      ///< the whole unit's parameters while gathered
-    param_state params = param_state::freed;
-    bool stale = true;                ///< the gathered copy is older than the master shard
-    detail::unit_buffer<Param, memory> work;  ///< the unit's gradients during its backward and reduction
-    std::vector<float> wire_f32;      ///< host: the gradients converted for the wire
-    std::vector<bfloat16> wire_bf16;
-    bool backward_done = false;
-    bool replicating = false;         ///< host: the reduce-scatter is done; the all-reduce across replicas runs
-    // Last: destroyed first, so nothing is in flight when the buffers go.
-    request gather;
-    request reduce;
-    request replicate;
-  };
-
-  std::string where() const { return "fsdp model on group '" + shard_group().name() + "'"; }
-  std::string unit_name(std::size_t u) const {
-    return u < specs_.size() ? "'" + specs_[u].name + "' (" + std::to_string(u) + ")" : std::to_string(u);
-  }
+  using typename part::param_state;
+  using typename part::unit_state;
+  using part::during_;
+  using part::frozen_;
+  using part::micro_;
+  using part::next_backward_;
+  using part::next_forward_;
+  using part::open_;
+  using part::open_pass_;
+  using part::options_;
+  using part::plan_;
+  using part::reducing_;
+  using part::replicate_;
+  using part::root_open_;
+  using part::specs_;
+  using part::token_count_;
+  using part::units_;
+  using part::unit_name;
+  using part::where;
+  using part::account;
+  using part::failure_;
+  using part::full_sharding;
+  using part::held_;
+  using part::in_micro_step;
+  using part::last_micro_step;
+  using part::log;
+  using part::peak_;
+  using part::scale_factor;
+  using part::schedule_;
+  using part::steps_;
 
   void validate_options() const {
     if (options_.level != tune::sharding::full && options_.level != tune::sharding::gradients)
@@ -699,54 +684,22 @@ class sharded_model {
          "; read them only between forward(u)/backward(u) and the end of that scope");
   }
 
-  bool full_sharding() const noexcept { return options_.level == tune::sharding::full; }
-  bool in_micro_step() const noexcept { return next_forward_ != 0 || open_.has_value() || root_open_.has_value(); }
-
-  void log(schedule_kind kind, std::size_t u) {
-    if (options_.record_schedule) schedule_.push_back({kind, u, during_, micro_});
-  }
-
-  template <class T>
-  static void release(std::vector<T>& v) noexcept {
-    std::vector<T>().swap(v);
-  }
-
   /// How work on the units' memory is ordered: nothing to say on the host; on a GPU, the device,
   /// the compute stream and the shard group's stream.
-  detail::streams<memory> streams() const {
-    if constexpr (on_device)
-      return {shard_group().native().device(), compute_.stream, shard_group().native().stream()};
-    else
-      return {};
-  }
+  detail::streams<memory> streams() const { return this->streams_of(); }
 
-  bool last_micro_step() const noexcept { return micro_ == options_.accumulation_steps - 1; }
-
-  /// Gives back a unit's gradient buffers (and, with `all`, every buffer it has).
-  void release_buffers(unit_state& s, bool all) {
+  /// Gives back a unit's gradient buffers.
+  void release_buffers(unit_state& s) {
     s.work.release(streams());
-    release(s.wire_f32);
-    release(s.wire_bf16);
-    if (!all) return;
-    s.gathered.release(streams());
-    s.master.release(streams());
-    s.grads.release(streams());
+    s.staging.release();
   }
 
-  /// The zeroed gradient buffer of unit u's backward. On a GPU the reduction writes its sum
-  /// straight into the gradient shard, so this rank's block starts as the shard accumulated so far
-  /// (on one replica only: the all-reduce across replicas adds the others').
+  /// The zeroed gradient buffer of unit u's backward (on a GPU seeded with the gradient shard).
   void prepare_gradients(std::size_t u) {
     unit_state& s = units_[u];
-    const unit_layout& layout = plan_.unit(u);
-    s.work.assign_zeros(layout.padded_elements(), streams());
-    if constexpr (on_device) {
-      if (!replicate_ || replicate_group().rank() == 0)
-        detail::copy_in_compute_order(
-            s.work.span().subspan(layout.shard_offset(shard_group().rank()), layout.shard_elements()),
-            std::as_const(s.grads).span(), streams());
-    }
-    account();
+    s.work.assign_zeros(plan_.unit(u).padded_elements(), streams());
+    this->seed_gradients(u);
+    this->account();
   }
 
   /// Issues unit u's all-gather unless its gathered copy is current or on its way.
@@ -756,15 +709,7 @@ class sharded_model {
     if (s.params == param_state::gathered && !s.stale) return;
     const unit_layout& layout = plan_.unit(u);
     s.gathered.allocate(layout.padded_elements(), streams());
-    if constexpr (on_device) {
-      detail::order_communication_after_compute(streams());  // the optimizer's update of the shard
-      s.gather = shard_group().all_gather_async(std::as_const(s.master).span(), s.gathered.span());
-    } else {
-      const std::size_t at = layout.shard_offset(shard_group().rank());
-      grad::detail::convert_scaled<Param, master_type>(std::as_const(s.master).span(),
-                                                        s.gathered.span().subspan(at, s.master.size()), 1.0);
-      s.gather = shard_group().all_gather_in_place_async(s.gathered.span());
-    }
+    this->issue_gather(s, layout);
     s.params = param_state::gathering;
     s.stale = false;
     log(schedule_kind::gather_issued, u);
@@ -774,10 +719,7 @@ class sharded_model {
   void wait_gather(std::size_t u) {
     unit_state& s = units_[u];
     if (s.params != param_state::gathering) return;
-    if constexpr (on_device)
-      s.gather.make_stream_wait(compute_.stream);  // the unit's kernels wait; the host goes on
-    else
-      s.gather.wait();
+    this->order_after_gather(s);
     s.params = param_state::gathered;
     log(schedule_kind::gather_waited, u);
   }
@@ -789,9 +731,7 @@ class sharded_model {
 
   void free_params(std::size_t u) {
     unit_state& s = units_[u];
-    // Host: a prefetched gather may still write into the buffer. Device: the release is ordered
-    // after the gather and the kernels that read the parameters.
-    if constexpr (!on_device) s.gather.wait();
+    this->before_free_params(s);
     s.gathered.release(streams());
     s.params = param_state::freed;
     log(schedule_kind::params_freed, u);
@@ -805,112 +745,21 @@ class sharded_model {
     if (is_root(u)) root_open_.reset();
   }
 
-  /// Host: the unit's gradients as they go on the wire: the gradient buffer itself, or its copy
-  /// converted to Wire.
-  template <class Wire>
-  std::span<Wire> wire_of(unit_state& s) {
-    if constexpr (std::is_same_v<Wire, Param>)
-      return s.work.span();
-    else
-      return converted_wire<Wire>(s);
-  }
-  template <class Wire>
-  std::vector<Wire>& converted_wire(unit_state& s) {
-    if constexpr (std::is_same_v<Wire, float>)
-      return s.wire_f32;
-    else
-      return s.wire_bf16;
-  }
-
-  /// Calls f.template operator()<Wire>() with the type gradients are reduced in.
-  template <class F>
-  void with_wire_type(F&& f) {
-    if (options_.reduce_dtype == dtype_of<Param>)
-      f.template operator()<Param>();
-    else if (options_.reduce_dtype == dtype::float32)
-      f.template operator()<float>();
-    else
-      f.template operator()<bfloat16>();
-  }
-
   void issue_reduce(std::size_t u) {
-    unit_state& s = units_[u];
-    if constexpr (on_device) {
-      detail::order_communication_after_compute(streams());  // backward's gradient kernels
-      std::span<const Param> all = std::as_const(s.work).span();
-      std::span<master_type> mine = s.grads.span();
-      const double factor = last_micro_step() ? scale_factor().value_or(1.0) : 1.0;
-      s.reduce = factor == 1.0 ? shard_group().reduce_scatter_async(all, mine)
-                               : shard_group().reduce_scatter_scaled_async(all, mine, factor);
-      if (replicate_) {
-        s.reduce.make_stream_wait(replicate_group().native().stream());
-        s.replicate = replicate_group().all_reduce_async(mine);
-      }
-      s.work.release(streams());  // after the reduce-scatter that reads it
-    } else {
-      with_wire_type([&]<class Wire>() {
-        if constexpr (!std::is_same_v<Wire, Param>) {
-          std::vector<Wire>& converted = converted_wire<Wire>(s);
-          converted.resize(s.work.size());
-          grad::detail::convert_scaled<Wire, Param>(std::as_const(s.work).span(), std::span<Wire>(converted), 1.0);
-          s.work.release(streams());  // only the wire copy is needed from here on
-        }
-        s.reduce = shard_group().reduce_scatter_in_place_async(wire_of<Wire>(s));
-      });
-      s.replicating = false;
-    }
+    this->issue_reduce_of(u);
     reducing_.push_back(u);
-    log(schedule_kind::reduce_issued, u);
-    account();
+    this->log(schedule_kind::reduce_issued, u);
+    this->account();
   }
 
-  /// Advances the oldest reduction: waits for (or, with `wait` false, only tests) its
-  /// reduce-scatter, issues its all-reduce across replicas, and once everything is done adds the
-  /// shard into the gradient shard and frees its buffers. Returns whether it finished.
+  /// Advances the oldest reduction (waits for it, or with `wait` false only tests it); once it
+  /// is done, records it. Returns whether it finished.
   bool complete_front(bool wait) {
     const std::size_t u = reducing_.front();
-    unit_state& s = units_[u];
-    bool done = false;
-    if constexpr (on_device) {
-      // The sum is already in the gradient shard; only the requests are left.
-      if (wait) {
-        s.reduce.wait();
-        s.replicate.wait();
-        done = true;
-      } else {
-        done = s.reduce.test() && s.replicate.test();
-      }
-    } else {
-      with_wire_type([&]<class Wire>() {
-        const unit_layout& layout = plan_.unit(u);
-        std::span<Wire> mine = wire_of<Wire>(s).subspan(layout.shard_offset(shard_group().rank()),
-                                                        layout.shard_elements());
-        if (!s.replicating) {
-          if (wait)
-            s.reduce.wait();
-          else if (!s.reduce.test())
-            return;
-          if (replicate_) {
-            s.replicate = replicate_group().all_reduce_async(mine);
-            s.replicating = true;
-          }
-        }
-        if (s.replicating) {
-          if (wait)
-            s.replicate.wait();
-          else if (!s.replicate.test())
-            return;
-        }
-        detail::add_converted<master_type, Wire>(mine, s.grads.span());
-        if constexpr (!std::is_same_v<Wire, Param>) release(converted_wire<Wire>(s));
-        s.work.release(streams());
-        done = true;
-      });
-    }
-    if (!done) return false;
+    if (!this->advance_reduction(u, wait)) return false;
     reducing_.erase(reducing_.begin());
-    log(schedule_kind::reduce_done, u);
-    account();
+    this->log(schedule_kind::reduce_done, u);
+    this->account();
     return true;
   }
 
@@ -927,54 +776,6 @@ class sharded_model {
       reducing_.erase(reducing_.begin());
     }
   }
-
-  std::optional<double> scale_factor() const {
-    switch (options_.scale) {
-      case grad::scaling::mean:
-        return 1.0 / (static_cast<double>(data_parallel_size()) * static_cast<double>(options_.accumulation_steps));
-      case grad::scaling::sum: return 1.0;
-      case grad::scaling::token_count:
-        if (token_count_) return 1.0 / *token_count_;
-        return std::nullopt;
-    }
-    return 1.0;
-  }
-
-  void account() noexcept {
-    std::size_t n = 0;
-    for (const unit_state& s : units_)
-      n += s.master.bytes() + s.grads.bytes() + s.gathered.bytes() + s.work.bytes() +
-           s.wire_f32.capacity() * sizeof(float) + s.wire_bf16.capacity() * sizeof(bfloat16);
-    held_ = n;
-    peak_ = std::max(peak_, n);
-  }
-
-  communicator_ref<B> shard_;
-  std::optional<communicator_ref<B>> replicate_;
-  fsdp_options options_;
-  std::vector<unit_spec> specs_;
-  unit_plan plan_;
-  bool frozen_ = false;
-
-  std::size_t next_forward_ = 0;   ///< the unit whose forward comes next (unit_count(): all done)
-  std::size_t next_backward_ = 0;  ///< the unit whose backward comes next
-  std::optional<std::size_t> open_;  ///< the open scope of a unit other than an enclosing root
-  pass open_pass_ = pass::forward;
-  std::optional<pass> root_open_;    ///< the enclosing root's open scope
-  pass during_ = pass::between;
-  int micro_ = 0;
-  std::size_t steps_ = 0;
-  std::optional<double> token_count_;
-  std::exception_ptr failure_;
-
-  std::size_t held_ = 0;
-  std::size_t peak_ = 0;
-  std::vector<schedule_event> schedule_;
-  [[no_unique_address]] detail::compute_stream<memory> compute_;  ///< GPU: where forward, backward and the optimizer run
-
-  // Last: destroyed first, so their requests finish while the rest still exists.
-  std::vector<std::size_t> reducing_;  ///< units whose reduction is in flight, in issue order
-  std::vector<unit_state> units_;
 };
 
 }  // namespace weft::fsdp

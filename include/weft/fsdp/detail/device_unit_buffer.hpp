@@ -44,6 +44,7 @@ struct streams<memory_space::device> {
   int device = -1;                 ///< the shard group's device
   cudaStream_t compute = nullptr;  ///< where forward, backward and the optimizer run
   cudaStream_t communication = nullptr;  ///< the shard group's stream
+  cudaStream_t replication = nullptr;    ///< HSDP: the replicate group's stream (its all-reduce writes the gradient shards)
 };
 
 template <element T>
@@ -79,11 +80,12 @@ class unit_buffer<T, memory_space::device> {
   }
   /// Zeroes in the compute stream's order (after the optimizer's kernels, before the next forward's).
   void zero(const context& c) { memory_.zero_async(c.compute); }
-  /// Gives the memory back once the work queued so far on both streams has run.
+  /// Gives the memory back once the work queued so far on the model's streams has run.
   void release(const context& c) {
     if (memory_.data() == nullptr) return;
     memory_.release_after(c.compute);
     memory_.release_after(c.communication);
+    if (c.replication != nullptr) memory_.release_after(c.replication);
     memory_ = cuda::device_memory();
     size_ = 0;
   }
