@@ -26,12 +26,50 @@ else()
   set(WEFT_TEST_PYTHON ${Python3_EXECUTABLE})
 endif()
 
+# Tests run tiny models, and -O3's code generation was most of their compile time (test_collectives.cpp:
+# 42 s of CPU at -O3, 24 s at -O1, 38 s at -O2), so the programs under tests/ are built at
+# WEFT_TEST_OPTIMIZATION in a Release build. The examples and benchmarks that users run keep -O3; the
+# sanitizer trees set their own level (scripts/sanitize.sh).
+set(WEFT_TEST_OPTIMIZATION "-O1" CACHE STRING
+  "Optimization flag for weft's tests (programs under tests/) in a Release build; e.g. -O3 to build them as the examples")
+
+# The test programs' optimization (and the precompiled header's, which must be built with the same
+# flags as the files that use it).
+function(weft_use_test_optimization target)
+  target_compile_options(${target} PRIVATE
+    $<$<AND:$<CONFIG:Release>,$<COMPILE_LANGUAGE:CXX>>:${WEFT_TEST_OPTIMIZATION}>)
+endfunction()
+
 function(weft_add_executable name)
   cmake_parse_arguments(arg "" "" "SOURCES;LIBS" ${ARGN})
   add_executable(${name} ${arg_SOURCES})
   target_link_libraries(${name} PRIVATE weft_warnings ${arg_LIBS})
   # Command-line pieces shared by the programs (examples/common), not part of the library.
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/examples/common)
+  file(RELATIVE_PATH caller "${PROJECT_SOURCE_DIR}" "${CMAKE_CURRENT_SOURCE_DIR}")
+  if(caller STREQUAL "tests" OR caller MATCHES "^tests/")
+    weft_use_test_optimization(${name})
+  endif()
+endfunction()
+
+# The Catch2 tests share one precompiled header (Catch2's single header, <mpi.h> and the standard
+# headers most tests include: about 2 s of each file's compile time), built once in tests/ as
+# weft_test_pch; never for CUDA sources, never for the installed targets. Only in a build without a
+# compiler launcher (CI's): ccache caches a file that uses a precompiled header only with extra
+# sloppiness, and GCC writes a different .gch each time, so every test would miss the cache in each
+# new tree; there the cache saves more than the header would.
+if(NOT DEFINED WEFT_TEST_PCH)
+  if(CMAKE_CXX_COMPILER_LAUNCHER)
+    set(WEFT_TEST_PCH OFF)
+  else()
+    set(WEFT_TEST_PCH ON)
+  endif()
+endif()
+
+function(weft_use_test_pch name sources)
+  if(WEFT_TEST_PCH AND TARGET weft_test_pch AND NOT sources MATCHES "\\.cu(;|$)")
+    target_precompile_headers(${name} REUSE_FROM weft_test_pch)
+  endif()
 endfunction()
 
 function(weft_add_unit_test name)
@@ -40,6 +78,7 @@ function(weft_add_unit_test name)
     set(arg_TIMEOUT 120)
   endif()
   weft_add_executable(${name} SOURCES ${arg_SOURCES} LIBS weft_catch_main ${arg_LIBS})
+  weft_use_test_pch(${name} "${arg_SOURCES}")
   add_test(NAME ${name} COMMAND ${name})
   set_tests_properties(${name} PROPERTIES TIMEOUT ${arg_TIMEOUT} LABELS "unit;${arg_LABELS}")
 endfunction()
@@ -56,6 +95,7 @@ function(weft_add_mpi_test name)
     set(arg_RANKS 2 4)
   endif()
   weft_add_executable(${name} SOURCES ${arg_SOURCES} LIBS weft_catch_mpi_main ${arg_LIBS})
+  weft_use_test_pch(${name} "${arg_SOURCES}")
   foreach(np IN LISTS arg_RANKS)
     add_test(NAME ${name}.np${np}
       COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --oversubscribe --bind-to none
