@@ -27,11 +27,11 @@ else()
 endif()
 
 # Tests run tiny models, and -O3's code generation was most of their compile time (test_collectives.cpp:
-# 42 s of CPU at -O3, 24 s at -O1, 38 s at -O2), so the programs under tests/ are built at
-# WEFT_TEST_OPTIMIZATION in a Release build. The examples and benchmarks that users run keep -O3; the
+# 42 s of CPU at -O3, 24 s at -O1, 38 s at -O2), so the programs under tests/ and the docs' snippets
+# (run as tests, read rather than timed) are built at WEFT_TEST_OPTIMIZATION in a Release build. The examples and benchmarks that users run keep -O3; the
 # sanitizer trees set their own level (scripts/sanitize.sh).
 set(WEFT_TEST_OPTIMIZATION "-O1" CACHE STRING
-  "Optimization flag for weft's tests (programs under tests/) in a Release build; e.g. -O3 to build them as the examples")
+  "Optimization flag for weft's tests (programs under tests/ and examples/snippets) in a Release build; e.g. -O3 to build them as the examples")
 
 # The test programs' optimization (and the precompiled header's, which must be built with the same
 # flags as the files that use it).
@@ -47,7 +47,7 @@ function(weft_add_executable name)
   # Command-line pieces shared by the programs (examples/common), not part of the library.
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/examples/common)
   file(RELATIVE_PATH caller "${PROJECT_SOURCE_DIR}" "${CMAKE_CURRENT_SOURCE_DIR}")
-  if(caller STREQUAL "tests" OR caller MATCHES "^tests/")
+  if(caller STREQUAL "tests" OR caller MATCHES "^tests/" OR caller STREQUAL "examples/snippets")
     weft_use_test_optimization(${name})
   endif()
 endfunction()
