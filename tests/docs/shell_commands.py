@@ -11,7 +11,7 @@ repository's, `build/run` (where scripts/run.sh builds) links to BUILD, and the 
 A command must exit with 0, or with the status the docs give it (EXPECTED_STATUS below).
 
 Documented shortenings (docs/testing.md): training runs stop after 2 steps (`--steps N` becomes
-`--steps 2`; scripts/run.sh runs with STEPS=2 and BUILD_DIR=BUILD), and a `MODEL` placeholder runs
+`--steps 2`, `--steps 4` in a command that resumes; scripts/run.sh runs with STEPS=2 and BUILD_DIR=BUILD), and a `MODEL` placeholder runs
 once for each model its comment lists. Commands that cannot run on CPU ranks here are listed in
 NOT_RUN with the reason; a listed command that the docs no longer print fails the test, as does a
 command that fails. `scripts/private_slurm.py` exits 77 where Slurm cannot start (not root, not
@@ -107,7 +107,8 @@ def expand_models(comments, command):
 
 def shorten(command):
     """The documented shortenings."""
-    command = re.sub(r"--steps \d+", "--steps 2", command)
+    # A resumed run continues from a checkpoint of the shortened run (step 2): 2 steps more.
+    command = re.sub(r"--steps \d+", "--steps 4" if "--resume" in command else "--steps 2", command)
     if command.startswith("scripts/run.sh"):
         command = "STEPS=2 " + command
     return command
