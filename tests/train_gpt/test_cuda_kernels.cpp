@@ -24,6 +24,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cpu_kernels.hpp"
@@ -71,6 +72,19 @@ std::vector<float> random_floats(std::size_t n, std::mt19937& rng, float scale =
   std::normal_distribution<float> d(0.0f, scale);
   std::vector<float> v(n);
   for (float& x : v) x = d(rng);
+  return v;
+}
+
+/// `v` rounded to bf16: the rounded values as floats (the fp32 reference's inputs) and as bf16.
+std::pair<std::vector<float>, std::vector<gpu::bf16>> to_bf16(std::vector<float> v) {
+  std::vector<gpu::bf16> h(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) h[i] = __float2bfloat16(v[i]), v[i] = __bfloat162float(h[i]);
+  return {v, h};
+}
+
+std::vector<float> from_bf16(const std::vector<gpu::bf16>& h) {
+  std::vector<float> v(h.size());
+  for (std::size_t i = 0; i < h.size(); ++i) v[i] = __bfloat162float(h[i]);
   return v;
 }
 
@@ -146,29 +160,19 @@ TEST_CASE_METHOD(fixture, "bf16 linear layers against fp32 on the same rounded i
   gpu::kernels k(stream);
   std::mt19937 rng(2);
   const std::size_t T = 77, in = 72, out = 88;  // bf16 products want 16-byte rows: multiples of 8
-  auto round = [](std::vector<float> v) {
-    std::vector<gpu::bf16> h(v.size());
-    for (std::size_t i = 0; i < v.size(); ++i) h[i] = __float2bfloat16(v[i]), v[i] = __bfloat162float(h[i]);
-    return std::pair{v, h};
-  };
-  auto widen = [](const std::vector<gpu::bf16>& h) {
-    std::vector<float> v(h.size());
-    for (std::size_t i = 0; i < h.size(); ++i) v[i] = __bfloat162float(h[i]);
-    return v;
-  };
-  const auto [x, xh] = round(random_floats(T * in, rng));
-  const auto [w, wh] = round(random_floats(in * out, rng, 0.2f));
-  const auto [b, bh] = round(random_floats(out, rng));
-  const auto [dy, dyh] = round(random_floats(T * out, rng));
+  const auto [x, xh] = to_bf16(random_floats(T * in, rng));
+  const auto [w, wh] = to_bf16(random_floats(in * out, rng, 0.2f));
+  const auto [b, bh] = to_bf16(random_floats(out, rng));
+  const auto [dy, dyh] = to_bf16(random_floats(T * out, rng));
   device<gpu::bf16> dx_(xh), dw_(wh), db_(bh), y_(T * out), ddy(dyh), dxg(T * in);
   device<float> ddw(in * out);
   std::vector<float> y(T * out), dx(T * in), dw(in * out, 0.0f);
   cpu_kernels::linear_forward(x.data(), w.data(), b, y.data(), T, in, out);
   k.linear_forward(dx_, dw_, db_, y_, T, in, out);
-  require_close(widen(y_.get()), y, 8e-3, 0, "bf16 forward");
+  require_close(from_bf16(y_.get()), y, 8e-3, 0, "bf16 forward");
   cpu_kernels::linear_backward_input(w.data(), dy.data(), dx.data(), T, in, out);
   k.linear_backward_input(dw_, ddy, dxg, T, in, out);
-  require_close(widen(dxg.get()), dx, 8e-3, 0, "bf16 input gradient");
+  require_close(from_bf16(dxg.get()), dx, 8e-3, 0, "bf16 input gradient");
   cpu_kernels::linear_backward_weight(x.data(), dy.data(), dw.data(), {}, T, in, out);
   k.linear_backward_weight(dx_, ddy, ddw, T, in, out);
   require_close(ddw.get(), dw, fp32_rtol, 0, "bf16 weight gradient (fp32 out)");  // exact products, fp32 sums
@@ -234,32 +238,22 @@ TEST_CASE_METHOD(fixture, "bf16 layer norm against fp32 on the same rounded inpu
   gpu::kernels k(stream);
   std::mt19937 rng(10);
   const std::size_t T = 77, c = 71;
-  auto round = [](std::vector<float> v) {
-    std::vector<gpu::bf16> h(v.size());
-    for (std::size_t i = 0; i < v.size(); ++i) h[i] = __float2bfloat16(v[i]), v[i] = __bfloat162float(h[i]);
-    return std::pair{v, h};
-  };
-  auto widen = [](const std::vector<gpu::bf16>& h) {
-    std::vector<float> v(h.size());
-    for (std::size_t i = 0; i < h.size(); ++i) v[i] = __bfloat162float(h[i]);
-    return v;
-  };
-  const auto [x, xh] = round(random_floats(T * c, rng, 2.0f));
-  const auto [w, wh] = round(random_floats(c, rng));
-  const auto [b, bh] = round(random_floats(c, rng));
-  const auto [dy, dyh] = round(random_floats(T * c, rng));
-  const auto [dx0, dx0h] = round(random_floats(T * c, rng));
+  const auto [x, xh] = to_bf16(random_floats(T * c, rng, 2.0f));
+  const auto [w, wh] = to_bf16(random_floats(c, rng));
+  const auto [b, bh] = to_bf16(random_floats(c, rng));
+  const auto [dy, dyh] = to_bf16(random_floats(T * c, rng));
+  const auto [dx0, dx0h] = to_bf16(random_floats(T * c, rng));
   device<gpu::bf16> xd(xh), wd(wh), bd(bh), yd(T * c), dyd(dyh), dxd(dx0h);
   device<float> md(T), rd(T), dwd(c), dbd(c);
   std::vector<float> y(T * c), mean(T), rstd(T), dx = dx0, dw(c, 0.0f), db(c, 0.0f);
   cpu_kernels::layernorm_forward(x.data(), w.data(), b.data(), y.data(), mean.data(), rstd.data(), T, c);
   k.layernorm_forward(xd, wd, bd, yd, md, rd, T, c);
-  require_close(widen(yd.get()), y, 8e-3, 0, "bf16 y");
+  require_close(from_bf16(yd.get()), y, 8e-3, 0, "bf16 y");
   require_close(md.get(), mean, fp32_rtol, 1e-6, "mean (fp32 from bf16 inputs)");
   require_close(rd.get(), rstd, fp32_rtol, 0, "rstd");
   cpu_kernels::layernorm_backward_input(x.data(), w.data(), mean.data(), rstd.data(), dy.data(), dx.data(), T, c);
   k.layernorm_backward_input(xd, wd, md, rd, dyd, dxd, T, c);
-  require_close(widen(dxd.get()), dx, 8e-3, 0, "bf16 dx (added)");
+  require_close(from_bf16(dxd.get()), dx, 8e-3, 0, "bf16 dx (added)");
   cpu_kernels::layernorm_backward_params(x.data(), mean.data(), rstd.data(), dy.data(), dw.data(), db.data(), T, c);
   k.layernorm_backward_params(xd, md, rd, dyd, dwd, dbd, T, c);
   require_close(dwd.get(), dw, 1e-4, 0, "dw (fp32)");
