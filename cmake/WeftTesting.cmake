@@ -40,6 +40,23 @@ function(weft_use_test_optimization target)
     $<$<AND:$<CONFIG:Release>,$<COMPILE_LANGUAGE:CXX>>:${WEFT_TEST_OPTIMIZATION}>)
 endfunction()
 
+# nvcc as a CMake language for weft's own .cu programs, where a working nvcc is found: afterwards
+# CMAKE_CUDA_COMPILER is set exactly when it is. A macro, since enable_language must run at a
+# directory's scope; each caller's directory keeps the language to itself.
+macro(weft_enable_cuda_language)
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 80 90)
+    endif()
+    # CMake 3.25 knows no C++20 flag for nvcc.
+    set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION -std=c++20)
+    set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION -std=c++20)
+    enable_language(CUDA)
+  endif()
+endmacro()
+
 function(weft_add_executable name)
   cmake_parse_arguments(arg "" "" "SOURCES;LIBS" ${ARGN})
   add_executable(${name} ${arg_SOURCES})
