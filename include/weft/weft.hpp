@@ -27,7 +27,9 @@
 #include <weft/fsdp/options.hpp>
 #include <weft/fsdp/schedule.hpp>
 #include <weft/fsdp/sharded_model.hpp>
+#include <weft/fsdp/unit_grouping.hpp>
 #include <weft/fsdp/unit_plan.hpp>
+#include <weft/fsdp/unit_sizing.hpp>
 #include <weft/fsdp/whole_tensor.hpp>
 #include <weft/grad/bucket_plan.hpp>
 #include <weft/grad/comm_hook.hpp>

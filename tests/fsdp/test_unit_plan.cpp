@@ -1,7 +1,9 @@
 // The shard layout of a fully sharded model is pure: shards cover every parameter element exactly
 // once, in equal padded parts, and the fingerprint changes with anything that changes the shards.
+// Grouping layers into units by a cap is pure too: the rule, the names, the layers' places.
 #include <catch2/catch.hpp>
 
+#include <weft/fsdp/unit_grouping.hpp>
 #include <weft/fsdp/unit_plan.hpp>
 #include <weft/fsdp/whole_tensor.hpp>
 
@@ -105,4 +107,82 @@ TEST_CASE("bad unit plans are refused with the way out", "[fsdp][plan][errors]")
   std::vector<double> block_shard(plan.unit(1).shard_elements());
   REQUIRE_THROWS_WITH(weft::fsdp::cut_shard<double>(plan.unit(1), 0, wrong, "", block_shard),
                       Catch::Contains("no whole tensor named 'block0.qkv'"));
+}
+
+namespace {
+
+// Layers of 400, 100, 100, 300, 1000 and 50 float elements (1600, 400, 400, 1200, 4000, 200 bytes).
+std::vector<unit_spec> layers() {
+  return {{"embed", {{"table", 400}}},       {"h.0", {{"w", 60}, {"b", 40}}}, {"h.1", {{"w", 60}, {"b", 40}}},
+          {"h.2", {{"w", 200}, {"b", 100}}}, {"head", {{"w", 1000}}},         {"norm", {{"g", 50}}}};
+}
+
+// The layers' bytes in each unit, written out from the rule: consecutive layers while the unit stays
+// within the cap, a larger layer alone.
+std::vector<std::vector<std::size_t>> unit_layers(const weft::fsdp::layer_grouping& g) {
+  std::vector<std::vector<std::size_t>> out(g.units.size());
+  for (std::size_t l = 0; l < g.layers.size(); ++l) out[g.layers[l].unit].push_back(l);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("layers are grouped into units of consecutive layers within the cap", "[fsdp][plan][grouping]") {
+  using weft::fsdp::group_layers;
+  const auto all = layers();
+  using groups = std::vector<std::vector<std::size_t>>;
+  // 2000 bytes: embed (1600) + h.0 (400) fill one unit; h.1 + h.2 (1600); head (4000) alone; norm.
+  REQUIRE(unit_layers(group_layers(all, weft::dtype::float32, 2000)) == groups{{0, 1}, {2, 3}, {4}, {5}});
+  // 1999 bytes: embed alone, h.0 + h.1 + ... until h.2 would pass 1999 (400 + 400 + 1200 = 2000).
+  REQUIRE(unit_layers(group_layers(all, weft::dtype::float32, 1999)) == groups{{0}, {1, 2}, {3}, {4}, {5}});
+  // Below every layer: the layers as registered, unchanged.
+  const auto each = group_layers(all, weft::dtype::float32, 1);
+  REQUIRE(unit_layers(each) == groups{{0}, {1}, {2}, {3}, {4}, {5}});
+  for (std::size_t l = 0; l < all.size(); ++l) {
+    REQUIRE(each.units[l].name == all[l].name);
+    REQUIRE_FALSE(each.units[l].grouped_layers);
+  }
+  // Above the total: one unit. In double every layer is twice the bytes.
+  REQUIRE(unit_layers(group_layers(all, weft::dtype::float32, 1 << 20)) == groups{{0, 1, 2, 3, 4, 5}});
+  REQUIRE(unit_layers(group_layers(all, weft::dtype::float64, 4000)) == groups{{0, 1}, {2, 3}, {4}, {5}});
+}
+
+TEST_CASE("grouped layers keep their parameters, places and whole-tensor names", "[fsdp][plan][grouping]") {
+  const auto all = layers();
+  const auto g = weft::fsdp::group_layers(all, weft::dtype::float32, 2000);
+  REQUIRE(g.units[0].name == "embed..h.0");
+  REQUIRE(g.units[0].grouped_layers);
+  REQUIRE(g.units[1].params.size() == 4);
+  REQUIRE(g.units[1].params[2].name == "h.2.w");
+  REQUIRE(g.units[1].params[2].count == 200);
+  REQUIRE(g.layers[3].unit == 1);
+  REQUIRE(g.layers[3].first_param == 2);
+  REQUIRE(g.layers[2].first_param == 0);
+  REQUIRE(g.layers_of(1) == std::pair<std::size_t, std::size_t>{2, 3});
+  // Whole tensors are named as without grouping ("<layer>.<parameter>"), so a checkpoint saved
+  // with one grouping is read with another; the plans differ in their fingerprints.
+  const unit_plan grouped(g.units, weft::dtype::float32, 8, 2);
+  const unit_plan single(all, weft::dtype::float32, 8, 2);
+  std::vector<std::string> grouped_names, single_names;
+  for (const auto& u : grouped.units())
+    for (std::size_t p = 0; p < u.params().size(); ++p) grouped_names.push_back(weft::fsdp::whole_name("", u, p));
+  for (const auto& u : single.units())
+    for (std::size_t p = 0; p < u.params().size(); ++p) single_names.push_back(weft::fsdp::whole_name("", u, p));
+  REQUIRE(grouped_names == single_names);
+  REQUIRE(grouped_names[1] == "h.0.w");
+  REQUIRE(grouped.fingerprint() != single.fingerprint());
+  auto flagged = g.units;
+  flagged[0].grouped_layers = false;
+  REQUIRE(unit_plan(flagged, weft::dtype::float32, 8, 2).fingerprint() != grouped.fingerprint());
+}
+
+TEST_CASE("bad layer groupings are refused with the way out", "[fsdp][plan][grouping][errors]") {
+  using weft::fsdp::group_layers;
+  REQUIRE_THROWS_WITH(group_layers({}, weft::dtype::float32, 100), Catch::Contains("no layers given"));
+  REQUIRE_THROWS_WITH(group_layers(layers(), weft::dtype::float32, 0), Catch::Contains("unit_bytes is 0"));
+  std::vector<unit_spec> empty{{"a", {{"w", 3}}}, {"b", {}}};
+  REQUIRE_THROWS_WITH(group_layers(empty, weft::dtype::float32, 100), Catch::Contains("layer 'b' has no parameters"));
+  const auto once = group_layers(layers(), weft::dtype::float32, 2000);
+  REQUIRE_THROWS_WITH(group_layers(once.units, weft::dtype::float32, 1 << 20),
+                      Catch::Contains("layer 'embed..h.0' is itself a group of layers"));
 }

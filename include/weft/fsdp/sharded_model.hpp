@@ -127,12 +127,17 @@ class sharded_model : public detail::model_part<B, Param> {
   /// Registers a unit (its parameters in forward order) and returns its index (0, 1, ... in call
   /// order). Register units in forward order.
   std::size_t add_unit(std::string name, std::vector<grad::param_spec> params) {
-    if (frozen()) fail(where() + ": add_unit('" + name + "') after freeze(); register every unit before freeze()");
-    for (const grad::param_spec& p : params)
+    return add_unit(unit_spec{std::move(name), std::move(params)});
+  }
+  /// Registers a unit as planned, e.g. by fsdp::group_layers (several layers in one unit).
+  std::size_t add_unit(unit_spec unit) {
+    if (frozen())
+      fail(where() + ": add_unit('" + unit.name + "') after freeze(); register every unit before freeze()");
+    for (const grad::param_spec& p : unit.params)
       if (p.count == 0)
-        fail(where() + ": parameter '" + p.name + "' of unit '" + name + "' has 0 elements; register only parameters "
-             "with values");
-    specs_.push_back({std::move(name), std::move(params)});
+        fail(where() + ": parameter '" + p.name + "' of unit '" + unit.name + "' has 0 elements; register only "
+             "parameters with values");
+    specs_.push_back(std::move(unit));
     return specs_.size() - 1;
   }
 

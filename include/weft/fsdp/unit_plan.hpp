@@ -31,6 +31,10 @@ namespace weft::fsdp {
 struct unit_spec {
   std::string name;
   std::vector<grad::param_spec> params;
+  /// Several layers in one unit (fsdp/unit_grouping.hpp): each parameter is named
+  /// "<layer>.<parameter>", which is also its whole-tensor name, so that checkpoints do not depend
+  /// on how layers were grouped. Otherwise whole tensors are named "<unit>.<parameter>".
+  bool grouped_layers = false;
 };
 
 /// A run of one parameter's elements inside a rank's shard of a unit.
@@ -46,7 +50,7 @@ class unit_layout {
  public:
   unit_layout() = default;
   unit_layout(unit_spec spec, dtype type, std::size_t pad_elements, int shards)
-      : name_(std::move(spec.name)), shards_(shards) {
+      : name_(std::move(spec.name)), shards_(shards), grouped_layers_(spec.grouped_layers) {
     if (spec.params.empty())
       fail("fsdp unit '" + name_ + "' has no parameters; register at least one parameter per unit");
     plan_ = grad::bucket_plan(std::move(spec.params), type,
@@ -57,6 +61,8 @@ class unit_layout {
   }
 
   const std::string& name() const noexcept { return name_; }
+  /// Whether the unit groups several layers (its parameters' names are their whole-tensor names).
+  bool grouped_layers() const noexcept { return grouped_layers_; }
   const grad::bucket_plan& plan() const noexcept { return plan_; }
   std::span<const grad::param_spec> params() const noexcept { return plan_.params(); }
   /// Elements of the unit's gathered buffer, padding included (a multiple of the shard count).
@@ -83,6 +89,7 @@ class unit_layout {
  private:
   std::string name_;
   int shards_ = 1;
+  bool grouped_layers_ = false;
   grad::bucket_plan plan_;
 };
 
@@ -101,7 +108,7 @@ class unit_plan {
     for (unit_spec& u : units) {
       for (const unit_layout& seen : units_)
         if (seen.name() == u.name) fail("fsdp unit plan: two units are named '" + u.name + "'; give each unit its own name");
-      h.add(u.name);
+      h.add(u.name).add(static_cast<std::uint64_t>(u.grouped_layers));
       units_.emplace_back(std::move(u), type, pad_elements, shards);
       h.add(units_.back().plan().fingerprint());
     }

@@ -24,8 +24,10 @@ struct whole_tensor {
   std::vector<T> values;
 };
 
-/// The name a unit's parameter has in whole-tensor form.
+/// The name a unit's parameter has in whole-tensor form: "<unit>.<parameter>", or for a unit of
+/// grouped layers the parameter's own "<layer>.<parameter>" (the same name as ungrouped).
 inline std::string whole_name(std::string_view prefix, const unit_layout& unit, std::size_t param) {
+  if (unit.grouped_layers()) return std::string(prefix) + unit.params()[param].name;
   return std::string(prefix) + unit.name() + "." + unit.params()[param].name;
 }
 

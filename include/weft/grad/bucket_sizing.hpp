@@ -41,13 +41,17 @@
 
 namespace weft::grad {
 
-/// Times the reduction the synchronizer will run (all-reduce, or reduce-scatter when `scatter`)
-/// over `group` on buffers of `T` in the backend's memory, at doubling sizes up to `max_bytes`.
-/// Collective: every rank must call it with the same arguments, and every rank returns the same
-/// curve (each size's slowest rank), so the choice made from it is the same everywhere.
+/// The collective a probe times. Sizes are the whole buffer's bytes in every case: the all-reduce's
+/// buffer, the reduce-scatter's input, the all-gather's output (a sharded model's unit).
+enum class probed_collective { all_reduce, reduce_scatter, all_gather };
+
+/// Times `collective` over `group` on buffers of `T` in the backend's memory, at doubling sizes
+/// up to `max_bytes` (in place, as the synchronizer and the sharded model run it). Collective:
+/// every rank must call it with the same arguments, and every rank returns the same curve (each
+/// size's slowest rank), so the choice made from it is the same everywhere.
 template <element T, backend B>
-std::vector<curve_point> probe_reduction(communicator<B>& group, std::size_t max_bytes, bool scatter,
-                                         const probe_options& options = {}, double* seconds_spent = nullptr) {
+std::vector<curve_point> probe_collective(communicator<B>& group, std::size_t max_bytes, probed_collective collective,
+                                          const probe_options& options = {}, double* seconds_spent = nullptr) {
   using clock = std::chrono::steady_clock;
   const std::size_t ranks = static_cast<std::size_t>(group.size());
   const std::size_t largest = std::min(max_bytes, options.largest_bytes);
@@ -72,11 +76,12 @@ std::vector<curve_point> probe_reduction(communicator<B>& group, std::size_t max
       return flat_buffer<T, buffer_memory_v<B>>(plan);
   }();
 
-  auto reduce = [&](std::span<T> data) {
-    if (scatter)
-      group.reduce_scatter_in_place(data);
-    else
-      group.all_reduce(data);
+  auto call = [&](std::span<T> data) {
+    switch (collective) {
+      case probed_collective::reduce_scatter: group.reduce_scatter_in_place(data); break;
+      case probed_collective::all_gather: group.all_gather_in_place(data); break;
+      case probed_collective::all_reduce: group.all_reduce(data); break;
+    }
   };
   // Doubling sizes, and the gradients' own size last when doubling does not land on it.
   std::vector<std::size_t> sizes;
@@ -101,11 +106,11 @@ std::vector<curve_point> probe_reduction(communicator<B>& group, std::size_t max
       return data;
     };
     const auto size_started = clock::now();
-    reduce(slice());  // untimed: first touch, connection set-up
+    call(slice());  // untimed: first touch, connection set-up
     double mine = std::numeric_limits<double>::infinity();
     for (int r = 0; r < options.repeats; ++r) {
       const auto t = clock::now();
-      for (std::size_t c = 0; c < calls; ++c) reduce(slice());
+      for (std::size_t c = 0; c < calls; ++c) call(slice());
       mine = std::min(mine, std::chrono::duration<double>(clock::now() - t).count() / static_cast<double>(calls));
     }
     const double size_spent = std::chrono::duration<double>(clock::now() - size_started).count();
@@ -124,4 +129,14 @@ std::vector<curve_point> probe_reduction(communicator<B>& group, std::size_t max
   if (seconds_spent) *seconds_spent = spent;
   return curve;
 }
+
+/// Times the reduction the synchronizer will run: the all-reduce, or the reduce-scatter when
+/// `scatter` (ZeRO-1).
+template <element T, backend B>
+std::vector<curve_point> probe_reduction(communicator<B>& group, std::size_t max_bytes, bool scatter,
+                                         const probe_options& options = {}, double* seconds_spent = nullptr) {
+  return probe_collective<T>(group, max_bytes, scatter ? probed_collective::reduce_scatter : probed_collective::all_reduce,
+                             options, seconds_spent);
+}
+
 }  // namespace weft::grad
