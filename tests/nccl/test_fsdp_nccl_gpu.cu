@@ -298,7 +298,8 @@ TEST_CASE("NCCL fsdp: refused on a GPU: reduction in another type, token count s
 // allocation made a stream and waited for it, and zeroing waited too). Counted by interposing the
 // CUDA runtime's synchronizing calls (host_sync_counter.cpp) over a whole ZeRO-3 step with
 // accumulation, prefetch and resharding after forward, after one step to warm up. The NCCL
-// requests' own waits poll events and are not counted here.
+// requests' own waits poll events and are not counted here ("a step waits for no request on the
+// host" counts them).
 TEST_CASE("NCCL fsdp: a ZeRO-3 step makes no host synchronization", "[fsdp][gpu][sync]") {
   nccl_comm& dp = world();
   stream_holder compute;
@@ -379,6 +380,90 @@ TEST_CASE("NCCL fsdp: HSDP gives its memory back after the replicate group's str
   cuda_ok(cudaStreamSynchronize(replicate_stream));
   cuda_ok(cudaStreamSynchronize(compute.s));
   CHECK(compute_waits);
+}
+
+// Nor does the host wait for any request in a step: finish() makes the compute stream wait for
+// the reductions (events) instead of waiting for them itself, and a request that is replaced (the
+// next micro-step's gather or reduce-scatter of a unit) is set aside and polled, not waited for.
+// The shard group's stream (and, under HSDP, the replicate group's) is held by a kernel spinning
+// for about two seconds while a whole step is queued: two micro-steps, zero_grad() and the next
+// window's first forward. A host call that returns only after a held stream has gone idle waited
+// for it; none may. Before this change finish() of the first micro-step waited for every
+// reduce-scatter, so every call from it on was counted. That the compute stream still reads the
+// reduced gradients is what the training tests above check (their optimizer kernels run on it).
+TEST_CASE("NCCL fsdp: a step waits for no request on the host", "[fsdp][gpu][sync]") {
+  nccl_comm& dp = world();
+  stream_holder compute;  // first: destroyed after the models, which order their releases on it
+  auto groups = replica_groups(dp);
+  auto run = [&](bool hybrid) {
+    const weft::fsdp::fsdp_options options{.accumulation_steps = 2};
+    auto model = hybrid ? std::make_unique<device_model<float>>(groups.shard, groups.replicate, options)
+                        : std::make_unique<device_model<float>>(dp, options);
+    model->set_compute_stream(compute.s);
+    register_units(*model);
+    std::vector<cudaStream_t> held = {model->shard_group().native().stream()};
+    if (hybrid) held.push_back(model->replicate_group().native().stream());
+
+    long after_idle = 0;  // host calls that returned after a held stream had gone idle
+    std::string first;
+    auto look = [&](const std::string& call) {
+      for (cudaStream_t s : held) {
+        const cudaError_t state = cudaStreamQuery(s);
+        if (state == cudaErrorNotReady) continue;
+        cuda_ok(state);
+        if (after_idle++ == 0) first = call;
+        return;
+      }
+    };
+    auto micro_steps = [&](bool watched) {
+      for (int m = 0; m < 2; ++m) {
+        for (std::size_t u = 0; u < unit_sizes.size(); ++u) {
+          model->forward(u).end();
+          if (watched) look(text("forward ", u, " of micro-step ", m));
+        }
+        for (std::size_t u = unit_sizes.size(); u-- > 0;) {
+          {
+            auto scope = model->backward(u);
+            for (std::size_t p = 0; p < unit_sizes[u].size(); ++p) {
+              std::span<const float> param = scope.param(p);
+              std::span<float> grad = scope.grad(p);
+              backward_kernel<<<16, 256, 0, compute.s>>>(param.data(), grad.data(), static_cast<long>(grad.size()),
+                                                         static_cast<int>(u), static_cast<int>(p), dp.rank(), m, 1000);
+              cuda_ok(cudaGetLastError());
+            }
+          }
+          if (watched) look(text("backward ", u, " of micro-step ", m));
+        }
+        CHECK(model->finish() == (m == 1));
+        if (watched) look(text("finish() of micro-step ", m));
+      }
+      model->zero_grad();
+    };
+    micro_steps(false);  // warm: the memory pool and the event pools are filled
+    cuda_ok(cudaStreamSynchronize(compute.s));
+
+    for (cudaStream_t s : held) {
+      spin_kernel<<<1, 1, 0, s>>>(4'000'000'000LL);  // about two seconds
+      cuda_ok(cudaGetLastError());
+    }
+    weft_test::host_syncs::start();
+    micro_steps(true);
+    model->forward(0).end();  // the next window's first gather replaces the last one's request
+    look("the next window's forward 0");
+    const weft_test::host_syncs::counts counted = weft_test::host_syncs::stop();
+    INFO((hybrid ? "HSDP" : "ZeRO-3") << ": " << after_idle << " calls returned after a held stream went idle"
+                                      << (after_idle ? ", the first: " + first : std::string()));
+    CHECK(after_idle == 0);
+    CHECK(counted.total() == 0);
+    // The window goes on to its end, so the model is left between micro-steps.
+    for (std::size_t u = 1; u < unit_sizes.size(); ++u) model->forward(u).end();
+    for (std::size_t u = unit_sizes.size(); u-- > 0;) model->backward(u).end();
+    model->finish();
+    for (cudaStream_t s : held) cuda_ok(cudaStreamSynchronize(s));
+    cuda_ok(cudaStreamSynchronize(compute.s));
+  };
+  SECTION("ZeRO-3") { run(false); }
+  SECTION("HSDP") { run(true); }
 }
 
 // The token count is folded into each unit's reduction as it is issued: changing it during the

@@ -439,8 +439,9 @@ class sharded_model : public detail::model_part<B, Param> {
     token_count_ = tokens;
   }
 
-  /// Ends the micro-step: waits for every unit's reduction and adds it into the gradient shards.
-  /// On the window's last micro-step scales the shards and returns true (step the optimizer now);
+  /// Ends the micro-step: waits for every unit's reduction and adds it into the gradient shards
+  /// (on a GPU backend the compute stream waits, not the host, and a failure of the reductions
+  /// handed to the streams is reported by a later call). On the window's last micro-step scales the shards and returns true (step the optimizer now);
   /// otherwise returns false. Throws, naming them, if some units had no backward; their
   /// gradients are reduced as zeros first, so ranks that skipped the same units do not hang.
   bool finish() {
@@ -462,6 +463,7 @@ class sharded_model : public detail::model_part<B, Param> {
         issue_reduce(u);
       }
       while (!reducing_.empty()) complete_front(true);
+      this->poll_retired();
     } catch (...) {
       failure = std::current_exception();
     }
@@ -473,9 +475,7 @@ class sharded_model : public detail::model_part<B, Param> {
     for (std::size_t u = 0; u < units_.size(); ++u) {
       unit_state& s = units_[u];
       try {
-        s.gather.wait();
-        s.reduce.wait();
-        s.replicate.wait();
+        this->settle_requests(s);  // the host waits (MPI), or the compute stream does (NCCL)
       } catch (...) {
         if (!failure) failure = std::current_exception();
       }
@@ -730,7 +730,7 @@ class sharded_model : public detail::model_part<B, Param> {
   }
   void wait_gather_quietly(std::size_t u) {
     unit_state& s = units_[u];
-    s.gather.wait();
+    this->order_after_gather(s);
     if (s.params == param_state::gathering) s.params = param_state::gathered;
   }
 
@@ -772,6 +772,11 @@ class sharded_model : public detail::model_part<B, Param> {
   /// finish(): thrown in the middle of backward, it would stop this rank from issuing the
   /// collectives its peers already wait in.
   void poll() {
+    try {
+      this->poll_retired();  // requests a GPU's streams wait for
+    } catch (...) {
+      if (!failure_) failure_ = std::current_exception();
+    }
     try {
       while (!reducing_.empty() && complete_front(false)) {
       }

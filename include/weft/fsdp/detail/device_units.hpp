@@ -8,7 +8,11 @@
 /// gather would need a conversion kernel, which weft does not ship), and each reduction writes the
 /// sum straight into the gradient shard: this rank's block of the unit's gradient buffer starts as
 /// the shard accumulated so far, instead of an addition after the reduction. The mean (or
-/// 1/tokens) is folded into the window's last reductions. The shared state:
+/// 1/tokens) is folded into the window's last reductions. Nothing in a step waits on the host:
+/// finish() makes the compute stream wait for the reductions (events) and returns, and requests
+/// that are no longer needed (a gather the compute stream now waits for, a reduction finish()
+/// ordered it after) are kept aside and polled instead of waited for, so replacing one never
+/// blocks; a failure among them is reported by the next finish(). The shared state:
 /// fsdp/detail/model_core.hpp; the memory: fsdp/detail/device_unit_buffer.hpp.
 
 #include <weft/config.hpp>
@@ -28,6 +32,7 @@ class device_units;
 #include <cstddef>
 #include <exception>
 #include <utility>
+#include <vector>
 
 #include <weft/backend/cuda/device_guard.hpp>
 #include <weft/backend/cuda/event.hpp>
@@ -120,10 +125,14 @@ class device_units : public model_core<B, Param> {
 
   void issue_gather(unit_state& s, const unit_layout&) {
     order_communication_after_compute(streams_of());  // the optimizer's update of the shard
+    retire(s.gather);  // assigning over a pending request would wait for it
     s.gather = this->shard_group().all_gather_async(std::as_const(s.master).span(), s.gathered.span());
   }
-  /// The unit's kernels wait for its gather; the host goes on.
-  void order_after_gather(unit_state& s) { s.gather.make_stream_wait(compute_); }
+  /// The unit's kernels wait for its gather; the host goes on (the request is only polled now).
+  void order_after_gather(unit_state& s) {
+    s.gather.make_stream_wait(compute_);
+    retire(s.gather);
+  }
   /// The release is ordered after the gather and the kernels that read the parameters.
   void before_free_params(unit_state&) {}
 
@@ -136,6 +145,8 @@ class device_units : public model_core<B, Param> {
     std::span<const Param> all = std::as_const(s.work).span();
     std::span<master_type> mine = s.grads.span();
     const double factor = this->last_micro_step() ? this->scale_factor().value_or(1.0) : 1.0;
+    retire(s.reduce);
+    retire(s.replicate);
     s.reduce = factor == 1.0 ? this->shard_group().reduce_scatter_async(all, mine)
                              : this->shard_group().reduce_scatter_scaled_async(all, mine, factor);
     if (this->replicate_) {
@@ -152,22 +163,69 @@ class device_units : public model_core<B, Param> {
     s.work.release(streams_of());  // after the reduce-scatter that reads it
   }
 
-  /// The sum is already in the gradient shard; only the requests are left.
+  /// The sum is already in the gradient shard (or will be, in stream order): with `wait`, the
+  /// compute stream is made to wait for the reduce-scatter and the all-reduce across replicas,
+  /// not the host; otherwise the requests are only tested.
   bool advance_reduction(std::size_t u, bool wait) {
     unit_state& s = this->units_[u];
     if (wait) {
-      s.reduce.wait();
-      s.replicate.wait();
+      order_compute_after(s.reduce);
+      order_compute_after(s.replicate);
       return true;
     }
     return s.reduce.test() && s.replicate.test();
+  }
+
+  /// The end of a micro-step: what the unit still has in flight is ordered before the compute
+  /// stream's next work and kept aside, not waited for.
+  void settle_requests(unit_state& s) {
+    order_compute_after(s.reduce);
+    order_compute_after(s.replicate);
+    retire(s.gather);  // its memory goes back after the shard group's stream
+  }
+
+  /// Drops the set-aside requests that have completed; a failed one throws here (once).
+  void poll_retired() {
+    std::exception_ptr failure;
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < retired_.size(); ++i) {
+      bool done = true;
+      try {
+        done = retired_[i].test();
+      } catch (...) {
+        if (!failure) failure = std::current_exception();
+      }
+      if (!done) {
+        if (kept != i) retired_[kept] = std::move(retired_[i]);
+        ++kept;
+      }
+    }
+    retired_.erase(retired_.begin() + static_cast<std::ptrdiff_t>(kept), retired_.end());
+    if (failure) std::rethrow_exception(failure);
   }
 
   /// The window's last reductions applied the scale.
   void apply_window_scale(double) {}
 
  private:
+  using request = typename core::request;
+
+  /// Keeps a pending request aside, to be polled (poll_retired) rather than waited for; the
+  /// member is left empty, so assigning a new request over it does not block.
+  void retire(request& r) {
+    if (r.pending()) retired_.push_back(std::move(r));
+    r = request();
+  }
+  /// The compute stream waits for `r`'s operation; `r` is then only polled.
+  void order_compute_after(request& r) {
+    r.make_stream_wait(compute_);
+    retire(r);
+  }
+
   cudaStream_t compute_ = nullptr;  ///< where forward, backward and the optimizer run
+  /// Requests the streams wait for and the host only polls, oldest first. Destroyed before the
+  /// units' memory (a derived class's members go first): destroying the model waits for them.
+  std::vector<request> retired_;
 };
 
 }  // namespace weft::fsdp::detail

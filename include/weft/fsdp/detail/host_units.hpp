@@ -125,6 +125,15 @@ class host_units : public model_core<B, Param> {
     return done;
   }
 
+  /// The end of a micro-step: the host waits for what the unit still has in flight.
+  void settle_requests(unit_state& s) {
+    s.gather.wait();
+    s.reduce.wait();
+    s.replicate.wait();
+  }
+  /// Nothing is set aside on the host: every request is waited for where it is.
+  void poll_retired() {}
+
   /// The window's reductions are summed in the shards: scale them.
   void apply_window_scale(double factor) {
     if (factor == 1.0) return;
