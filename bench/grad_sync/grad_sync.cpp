@@ -9,7 +9,15 @@
 //   bench/grad_sync/run.sh BUILD_DIR [--iterations 12] [--rounds 3] [--json FILE]     (the usual way)
 //   mpirun -n 2 weft_bench_grad_sync [--iterations 12] [--rounds 3] [--warmup 1] [--json FILE]
 //          [--ddp-result FILE | --ddp-failed REASON] [--layers 12] [--bucket-mib 25]
-//          [--first-bucket-mib 1] [--pad 128] [--sweep]
+//          [--first-bucket-mib 1] [--pad 128] [--sweep] [--caps 2,8,32] [--in-flight]
+//
+// --caps: sweep only these caps (MiB), without the padding variants: every variant holds its own
+// copy of the gradients (498 MB), so the whole sweep does not fit in memory at 4 ranks here.
+//
+// --in-flight: whether a second bucket in flight pays on this backend. The measured cap's buckets
+// issued as weft async all-reduces on one communicator (one bucket at a time on its progress
+// thread, as the synchronizer does) against the same buckets alternating between two
+// communicators over the same ranks, each with its own progress thread (two in flight).
 #include <mpi.h>
 
 #include <weft/backend/mpi/backend.hpp>
@@ -69,6 +77,8 @@ constexpr const char* usage_text =
     "  --first-bucket-mib X    weft's first bucket cap in MiB [1]\n"
     "  --pad N                 weft pads buckets to multiples of N elements [128]\n"
     "  --sweep                 also time other bucket caps and paddings\n"
+    "  --caps A,B,...          sweep only these caps in MiB (no padding variants), to fit in memory\n"
+    "  --in-flight             also time the buckets with one and with two in flight (two communicators)\n"
     "  --ddp-result FILE       PyTorch DDP's times, as run.sh measures them\n"
     "  --ddp-failed REASON     DDP was meant to run but did not: the result says so, with REASON\n"
     "  --layers N              GPT-2's transformer blocks [12]; fewer only for quick checks\n"
@@ -88,8 +98,8 @@ int main(int argc, char** argv) {
   return weft_programs::mpi_main("weft_bench_grad_sync", usage_text, argc, argv, [&](int world_rank) {
     check_arguments(argc, argv,
                     {"--iterations", "--rounds", "--warmup", "--ddp-result", "--ddp-failed", "--layers", "--bucket-mib",
-                     "--first-bucket-mib", "--pad", "--json"},
-                    {"--sweep", "--help", "-h"});
+                     "--first-bucket-mib", "--pad", "--json", "--caps"},
+                    {"--sweep", "--in-flight", "--help", "-h"});
     if (flag(argc, argv, "--help") || flag(argc, argv, "-h")) {
       if (world_rank == 0) std::printf("%s", usage_text);
       return 0;
@@ -111,7 +121,18 @@ int main(int argc, char** argv) {
     const double first_mib = parse_mib("--first-bucket-mib", argc, argv, "1");
     const std::size_t pad = static_cast<std::size_t>(parse_count("--pad", argc, argv, "128", 0));
     const std::string json_path = option(argc, argv, "--json");
-    const bool sweep = flag(argc, argv, "--sweep");
+    const std::string caps_text = option(argc, argv, "--caps");
+    const bool sweep = flag(argc, argv, "--sweep") || !caps_text.empty();
+    std::vector<double> caps = {1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 50.0, 100.0};
+    if (!caps_text.empty()) {
+      caps.clear();
+      for (std::size_t at = 0; at <= caps_text.size();) {
+        const std::size_t end = std::min(caps_text.find(',', at), caps_text.size());
+        caps.push_back(weft_programs::parse_real("--caps", caps_text.substr(at, end - at), 1.0 / 1024, 1 << 20));
+        at = end + 1;
+      }
+    }
+    const bool in_flight = flag(argc, argv, "--in-flight");
 
     int exit_code = 0;
     comm_t dp(weft::mpi_backend::comm::world(), "dp");
@@ -166,9 +187,29 @@ int main(int argc, char** argv) {
                         {}});
 
     // Extra weft configurations, to choose the defaults from measurements.
+    // One or two buckets in flight, on weft's async all-reduce: the default's buckets in a buffer
+    // of their own, issued last bucket first (as backward marks them) and waited for at the end.
+    std::unique_ptr<comm_t> second;  // the same ranks again: its own progress thread
+    std::unique_ptr<weft::grad::flat_buffer<float>> in_flight_buffer;
+    auto issue_buckets = [&](int communicators) {
+      std::vector<comm_t::request> pending;
+      const std::size_t buckets = weft_sum->plan().buckets().size();
+      for (std::size_t b = buckets; b-- > 0;) {
+        comm_t& on = (communicators == 2 && (buckets - 1 - b) % 2 == 1) ? *second : dp;
+        pending.push_back(on.all_reduce_async(in_flight_buffer->bucket_slice(b)));
+      }
+      for (auto& r : pending) r.wait();
+    };
+    if (in_flight) {
+      second = std::make_unique<comm_t>(weft::mpi_backend::comm::world(), "dp-second");
+      in_flight_buffer = std::make_unique<weft::grad::flat_buffer<float>>(weft_sum->shared_plan());
+      variants.push_back({"in_flight_1", [&] { fill(in_flight_buffer->all(), 1.0f); }, [&] { issue_buckets(1); }, {}});
+      variants.push_back({"in_flight_2", [&] { fill(in_flight_buffer->all(), 1.0f); }, [&] { issue_buckets(2); }, {}});
+    }
+
     std::vector<std::unique_ptr<sync_t>> swept;
     if (sweep) {
-      for (double cap : {1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 50.0, 100.0}) {
+      for (double cap : caps) {
         auto o = summing;
         o.bucket_bytes = mib(cap);
         swept.push_back(make_sync(dp, shapes, o));
@@ -177,7 +218,7 @@ int main(int argc, char** argv) {
         std::snprintf(name, sizeof(name), "weft_cap%gMiB", cap);
         variants.push_back({name, [s] { fill(s->grads().all(), 1.0f); }, [s] { weft_backward(*s); }, {}});
       }
-      for (std::size_t p : {std::size_t{1}, std::size_t{1024}}) {
+      for (std::size_t p : caps_text.empty() ? std::vector<std::size_t>{1, 1024} : std::vector<std::size_t>{}) {
         auto o = summing;
         o.pad_elements = p;
         swept.push_back(make_sync(dp, shapes, o));
@@ -185,6 +226,14 @@ int main(int argc, char** argv) {
         variants.push_back({"weft_pad" + std::to_string(p), [s] { fill(s->grads().all(), 1.0f); },
                             [s] { weft_backward(*s); }, {}});
       }
+      // The default's plan again (its measured cap, given), in a synchronizer made last: whether
+      // the default variant's time is its plan's or its buffer's (made first, right after a probe).
+      auto again = summing;
+      again.bucket_bytes = weft_sum->bucket_choice().bucket_bytes;
+      swept.push_back(make_sync(dp, shapes, again));
+      sync_t* late = swept.back().get();
+      variants.push_back({"weft_default_late", [late] { fill(late->grads().all(), 1.0f); },
+                          [late] { weft_backward(*late); }, {}});
     }
 
     std::vector<double> ddp_times, ddp_backward_only_times;
@@ -223,6 +272,9 @@ int main(int argc, char** argv) {
     bool correct = flat[0] == static_cast<float>(ranks) && flat[total - 1] == static_cast<float>(ranks) &&
                    weft_sum->grad(0)[0] == static_cast<float>(ranks) &&
                    weft_mean->grad(shapes.size() - 1)[shapes.back().count() - 1] == 1.0f;
+    if (in_flight)
+      correct = correct && in_flight_buffer->all().front() == static_cast<float>(ranks) &&
+                in_flight_buffer->all()[total - 1] == static_cast<float>(ranks);
 
     double ddp_s = -1, ddp_backward_only_s = -1;
     if (ddp_status == "ok") {
@@ -275,6 +327,14 @@ int main(int argc, char** argv) {
           std::printf("# weft (cap %.3g MiB) / best swept cap (%s) = %.3f (target <= 1.03)\n", cap_mib,
                       best_swept->name.c_str() + 8, weft_s / median(best_swept->times));
       }
+      const auto named = [&](std::string_view name) -> const variant* {
+        for (const variant& v : variants)
+          if (v.name == name) return &v;
+        return nullptr;
+      };
+      if (in_flight)
+        std::printf("# two buckets in flight / one = %.3f (medians; it pays below 1)\n",
+                    median(named("in_flight_2")->times) / median(named("in_flight_1")->times));
       std::printf("%s", weft_sum->plan().describe().c_str());
       if (!json_path.empty()) {
         std::ofstream out(json_path);
@@ -286,8 +346,11 @@ int main(int argc, char** argv) {
             << ", \"ddp_status\": " << weft_programs::json_string(ddp_status)
             << ", \"ddp_reason\": " << (ddp_reason.empty() ? "null" : weft_programs::json_string(ddp_reason))
             << ", \"layers\": " << layers << ", \"bucket_bytes\": " << weft_sum->bucket_choice().bucket_bytes
-            << ", \"bucket_cap_measured\": " << (given_cap ? "false" : "true")
-            << "}\n";
+            << ", \"bucket_cap_measured\": " << (given_cap ? "false" : "true");
+        if (in_flight)
+          out << ", \"in_flight_1_s\": " << json_value(median(named("in_flight_1")->times))
+              << ", \"in_flight_2_s\": " << json_value(median(named("in_flight_2")->times));
+        out << "}\n";
       }
     }
     if (!correct) exit_code = 1;
