@@ -37,6 +37,10 @@ check(hw["p2p"]["bandwidth"] > 0 and hw["p2p"]["latency"] > 0, "p2p measured")
 curve = hw["intra_node"].get("all_reduce_curve", [])
 check(len(curve) >= 2 and curve[0][0] == 256 * 1024 and all(b > a for (a, _), (b, _) in zip(curve, curve[1:]))
       and all(t > 0 for _, t in curve), f"intra_node.all_reduce_curve {curve}")
+# The exchange between busy ranks and the spread of the GEMM timings: measured, finite, not negative
+# (an exchange can cost nothing beyond the idle latency; a spread of 0 is a perfectly steady machine).
+check(0 <= hw.get("exchange_latency", -1) < 1 and 0 <= hw.get("timing_spread", -1) < 100,
+      f"exchange_latency {hw.get('exchange_latency')}, timing_spread {hw.get('timing_spread')}")
 # Each GEMM sample is a throughput a CPU core can reach: between 1 MFLOP/s and 1 TFLOP/s.
 check(all(1e6 < flops < 1e12 for _, flops in hw["gemm_samples"]), f"GEMM samples {hw['gemm_samples']}")
 
