@@ -269,3 +269,41 @@ TEST_CASE("the exchange latency and the timing spread travel through the file, a
   CHECK_THROWS_WITH(parse_hardware(text.replace(text.find("0.00035"), 7, "-1e-3")),
                     Catch::Contains("'exchange_latency' must be a number >= 0, not -1e-3"));
 }
+
+TEST_CASE("the explanation says what the model cannot know") {
+  measured_hardware hw = sample_hardware();
+  hw.nodes = 1;
+  hw.cpus_per_node = 2;  // 4 ranks on 2 cores
+  const model_desc m{.layers = 4, .hidden = 256, .heads = 8, .vocab = 1024, .seq = 128, .tied_embeddings = true};
+  const job_desc job{.global_batch = 8};
+  search_options options{.top = 1, .calib = calibration_of(hw)};
+  auto explained = [&](const measured_hardware& h) {
+    const search_result r = search(m, cluster_of(h), job, options);
+    REQUIRE(!r.plans.empty());
+    return explain(r.plans.front(), m, cluster_of(h), job, options);
+  };
+  auto mentions = [](const explanation& e, const std::string& what) {
+    return std::any_of(e.caveats.begin(), e.caveats.end(), [&](const std::string& c) { return c.find(what) != std::string::npos; });
+  };
+  // No exchange latency on ranks that share cores: said. Measured, with timings that agree: nothing.
+  CHECK(mentions(explained(hw), "no exchange_latency"));
+  hw.exchange_latency = 2e-4;
+  const explanation quiet = explained(hw);
+  CHECK(quiet.caveats.empty());
+  // Timings that spread by more than the difference to an alternative: that alternative is named.
+  hw.timing_spread = 10;
+  const explanation loud = explained(hw);
+  REQUIRE(loud.caveats.size() == 1);
+  CHECK(loud.caveats[0].find("spread by 1000.0 %") != std::string::npos);
+  for (const alternative& a : loud.alternatives)
+    if (a.best) CHECK(loud.caveats[0].find(a.name) != std::string::npos);
+  CHECK(to_text(loud).find("What the model cannot know here:") != std::string::npos);
+  // Beyond the published runs' scale the error is one-sided, and which way depends on the GPUs.
+  plan big;
+  big.config.parallel = {.world_size = 16384, .tp = 8, .pp = 16, .dp = 128};
+  CHECK(caveats(big, dgx_cluster(*gpu_preset("H100"), 2048), {}).at(0).find("read this MFU as a floor") != std::string::npos);
+  big.config.parallel = {.world_size = 4096, .tp = 8, .pp = 8, .dp = 64};
+  CHECK(caveats(big, dgx_cluster(*gpu_preset("A100"), 512), {}).at(0).find("read this MFU as a ceiling") != std::string::npos);
+  big.config.parallel = {.world_size = 1024, .tp = 8, .pp = 8, .dp = 16};
+  CHECK(caveats(big, dgx_cluster(*gpu_preset("A100"), 128), {}).empty());
+}
