@@ -307,3 +307,18 @@ TEST_CASE("the explanation says what the model cannot know") {
   big.config.parallel = {.world_size = 1024, .tp = 8, .pp = 8, .dp = 16};
   CHECK(caveats(big, dgx_cluster(*gpu_preset("A100"), 128), {}).empty());
 }
+
+TEST_CASE("where ranks share cores the data-parallel reduction overlaps nothing") {
+  measured_hardware hw = sample_hardware();
+  hw.nodes = 1;
+  const model_desc m{.layers = 4, .hidden = 256, .heads = 8, .vocab = 1024, .seq = 128};
+  const job_desc job{.global_batch = 8};
+  const layout_choice dp4{.parallel = {.dp = 4}, .micro_batch = 1};
+  const plan overlapped = predict(m, hw, job, dp4);  // a core per rank: hidden behind backward
+  const plan serial = predict(m, hw, job, dp4, software_desc{.overlap_dp = false});
+  REQUIRE(serial.time.dp_comm > overlapped.time.dp_comm);
+  hw.cpus_per_node = 2;  // two ranks a core: no core free to progress it
+  const plan shared = predict(m, hw, job, dp4);
+  CHECK(shared.time.dp_comm == Approx(serial.time.dp_comm));
+  CHECK(shared.time.compute == Approx(overlapped.time.compute));
+}

@@ -492,8 +492,10 @@ class evaluator {
       const double grads = software_.gradient_bytes * max_params, weights = 2 * max_params;
       const double back_window = lps * (bwd + redo) * (1 - 1 / lps);
       const double fwd_window = lps * fwd * (1 - 1 / lps);
+      // Where ranks share cores no core is free to progress a reduction behind compute.
+      const bool overlaps = software_.overlap_dp && cluster_.node.ranks_per_core <= 1;
       auto exposed = [&](double comm, double window) {
-        return software_.overlap_dp ? std::max(comm - window, comm / lps) : comm;
+        return overlaps ? std::max(comm - window, comm / lps) : comm;
       };
       switch (l.sharding_mode) {
         case sharding::none: tb.dp_comm = exposed(all_reduce(grads), back_window); break;
