@@ -151,8 +151,8 @@ inline constexpr int largest_validated_gpus = 6144;
 ///    predicted closer than that spread: those alternatives are named.
 ///  - A probed machine whose ranks share cores, described without `exchange_latency` (an older
 ///    probe), charges blocking exchanges their idle latency only.
-///  - Beyond the validated scale, the published runs there err one way (docs/tuning.md,
-///    "Limitations"): Hopper runs of 8,192-16,384 GPUs with deep pipelines and context
+///  - Beyond the validated scale, the published runs there err one way (docs/tuning.md, "The
+///    explanation"): Hopper runs of 8,192-16,384 GPUs with deep pipelines and context
 ///    parallelism reached 38-43 % MFU where the model predicts 20-25 %; Ampere runs of
 ///    2,000-12,000 GPUs with pp 6-35 ran 10-24 % below it.
 inline std::vector<std::string> caveats(const plan& winner, const cluster_desc& cluster,
