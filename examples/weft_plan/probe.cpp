@@ -49,9 +49,10 @@ double median(std::vector<double> v) {
 /// each rank's own body alone would miss ranks that share a core: a rank scheduled only after
 /// another finished would time its body at full speed, as if every rank had a core. `inner` is
 /// raised (the same on every rank) until a repetition lasts min_sample_seconds, many of the
-/// scheduler's time slices, so that how the ranks happened to be scheduled averages out.
+/// scheduler's time slices, so that how the ranks happened to be scheduled averages out. `spread`,
+/// if given, receives (slowest - fastest) / median of the repetitions.
 constexpr double min_sample_seconds = 0.05;
-double timed(mpi_comm& comm, const std::function<void()>& body, int inner = 1) {
+double timed(mpi_comm& comm, const std::function<void()>& body, int inner = 1, double* spread = nullptr) {
   const auto warm_start = clock_type::now();
   body();  // warm-up: first-touch pages, connection set-up; and how long one run takes
   std::vector<double> once{std::chrono::duration<double>(clock_type::now() - warm_start).count()};
@@ -67,7 +68,9 @@ double timed(mpi_comm& comm, const std::function<void()>& body, int inner = 1) {
     comm.all_reduce(t, weft::reduce_op::max);
     times.push_back(t[0]);
   }
-  return median(times);
+  const double middle = median(times);
+  if (spread != nullptr) *spread = (*std::max_element(times.begin(), times.end()) - *std::min_element(times.begin(), times.end())) / middle;
+  return middle;
 }
 
 /// The GEMMs of one layer at tensor-parallel degree `tp` (as the cost model lists them): {n, k}
@@ -106,14 +109,18 @@ constexpr double flops_per_sample = 1e8;
 /// GEMM throughput per rank at the model's shapes, every rank computing at once: the weight GEMMs
 /// of one sequence per micro-batch at every tp up to the node, and at every cp up to the node
 /// (a cp rank holds seq / cp tokens, which makes the GEMMs thinner), and the attention scores.
-std::vector<tune::gemm_sample> measure_gemms(mpi_comm& comm, const tune::model_desc& m, int ranks_per_node) {
+/// `largest_spread` receives the largest relative spread of a sample's repetitions.
+std::vector<tune::gemm_sample> measure_gemms(mpi_comm& comm, const tune::model_desc& m, int ranks_per_node,
+                                             double& largest_spread) {
   std::vector<tune::gemm_sample> samples;
   auto sample = [&](std::size_t tokens, std::size_t n, std::size_t k) {
     const double flops_per_row = 2.0 * static_cast<double>(n) * static_cast<double>(k);
     const std::size_t rows =
         std::clamp(static_cast<std::size_t>(flops_per_sample / flops_per_row), std::size_t{1}, tokens);
     std::vector<float> a(rows * k, 0.5f), b(n * k, 0.25f), c(rows * n);
-    const double t = timed(comm, [&] { gemm_nt(a.data(), b.data(), c.data(), rows, n, k); });
+    double spread = 0;
+    const double t = timed(comm, [&] { gemm_nt(a.data(), b.data(), c.data(), rows, n, k); }, 1, &spread);
+    largest_spread = std::max(largest_spread, spread);
     samples.push_back({static_cast<double>(std::min({tokens, n, k})), flops_per_row * static_cast<double>(rows) / t});
   };
   const std::size_t seq = static_cast<std::size_t>(m.seq);
@@ -168,6 +175,32 @@ tune::link_measurement measure_link(mpi_comm& comm) {
   curve_probe.budget_s = 1.0;
   l.all_reduce_curve = weft::grad::probe_reduction<float>(comm, curve_probe.largest_bytes, false, curve_probe);
   return l;
+}
+
+/// Seconds a blocking exchange costs between ranks that were computing, beyond the idle latency:
+/// neighbouring pairs of ranks (tp groups of 2), every pair at once, alternate one sequence's QKV
+/// GEMM at tp 2 with a one-value all-reduce over the pair; the time beyond the GEMM alone and the
+/// idle all-reduce is the exchange's launch, the wait for the partner and the host hand-off (on
+/// ranks that share cores, the scheduler's time slices: the partner may not be running when the
+/// exchange starts). The two loops are timed in turn, 5 times, and the median of the paired
+/// differences is taken, so that a machine whose speed drifts (other work starting or stopping)
+/// moves both sides of each difference alike. At least 0.
+double measure_exchange_latency(mpi_comm& world, const tune::model_desc& m) {
+  std::optional<mpi_comm> pair = world.split(world.rank() / 2, world.rank(), "pair");
+  const std::size_t h = static_cast<std::size_t>(m.hidden), rows = static_cast<std::size_t>(m.seq);
+  const std::size_t qkv = h + 2 * h * static_cast<std::size_t>(tune::kv_heads_of(m)) / static_cast<std::size_t>(m.heads);
+  const std::size_t n = std::max<std::size_t>(1, qkv / 2);
+  std::vector<float> a(rows * h, 0.5f), b(n * h, 0.25f), c(rows * n), one{1.0f};
+  auto gemm = [&] { gemm_nt(a.data(), b.data(), c.data(), rows, n, h); };
+  auto exchanging = [&] {
+    gemm();
+    pair->all_reduce(one);
+  };
+  constexpr int pairs = 5;
+  std::vector<double> differences;
+  for (int i = 0; i < pairs; ++i) differences.push_back(timed(world, exchanging) - timed(world, gemm));
+  const double idle = timed(world, [&] { pair->all_reduce(one); }, 200);
+  return std::max(0.0, median(differences) - idle);
 }
 
 /// One-way bandwidth and latency between world ranks 0 and 1 (ping-pong, half the round trip).
@@ -238,7 +271,7 @@ int run_probe(const std::string& path, const tune::model_desc& model, int& argc,
     hw.nodes = nodes;
     hw.memory_bytes = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE)) / per_node;
     hw.memory_bandwidth = measure_memory_bandwidth(world);
-    hw.gemm_samples = measure_gemms(world, model, per_node);
+    hw.gemm_samples = measure_gemms(world, model, per_node, hw.timing_spread);
     std::tie(hw.gemm_peak_flops, hw.gemm_half_size) = tune::fit_gemm_curve(hw.gemm_samples);
     hw.intra_node = measure_link(*local);
     tune::link_measurement across = hw.intra_node;
@@ -247,16 +280,18 @@ int run_probe(const std::string& path, const tune::model_desc& model, int& argc,
     world.broadcast(across_values, 0);  // world rank 0 is a leader
     hw.across_nodes = {across_values[0], across_values[1], across_values[2], across_values[3], {}};
     std::tie(hw.p2p_bandwidth, hw.p2p_latency) = measure_p2p(world);
+    hw.exchange_latency = measure_exchange_latency(world, model);
     if (world.rank() == 0) {
       std::ofstream out(path);
       if (!out) weft::fail("probe: cannot write '" + path + "'");
       out << tune::to_json(hw);
       std::printf("probe of %s (%d node%s x %d ranks): GEMM %.3g FLOP/s per rank (half at d = %.0f), memory %.3g B/s "
                   "per rank, all-reduce %.3g B/s bus, all-gather %.3g, reduce-scatter %.3g, latency %.3g s per step; "
-                  "p2p %.3g B/s, %.3g s; written to %s\n",
+                  "p2p %.3g B/s, %.3g s; exchange between busy ranks %.3g s; GEMM timings spread %.0f %%; written to %s\n",
                   hw.name.c_str(), nodes, nodes > 1 ? "s" : "", per_node, hw.gemm_peak_flops, hw.gemm_half_size,
                   hw.memory_bandwidth, hw.intra_node.all_reduce, hw.intra_node.all_gather, hw.intra_node.reduce_scatter,
-                  hw.intra_node.latency, hw.p2p_bandwidth, hw.p2p_latency, path.c_str());
+                  hw.intra_node.latency, hw.p2p_bandwidth, hw.p2p_latency, hw.exchange_latency, 100 * hw.timing_spread,
+                  path.c_str());
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "weft-plan: %s\n", e.what());

@@ -238,6 +238,8 @@ int main(int argc, char** argv) {
         for (std::size_t i = 0; i < e.alternatives.size(); ++i)
           out += std::string(i ? ", " : "") + "{\"alternative\": " + detail::json_string(e.alternatives[i].name) +
                  ", \"verdict\": " + detail::json_string(e.alternatives[i].verdict) + "}";
+        out += "], \"caveats\": [";
+        for (std::size_t i = 0; i < e.caveats.size(); ++i) out += (i ? ", " : "") + detail::json_string(e.caveats[i]);
         out += "]";
       }
       std::printf("%s}\n", out.c_str());

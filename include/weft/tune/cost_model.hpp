@@ -12,6 +12,8 @@
 ///    (Narayanan et al. 2021);
 ///  - tensor-parallel traffic: 4 all-reduces of b s h per layer per micro-batch (reduce-scatter +
 ///    all-gather with sequence parallelism), 6 with full recomputation;
+///  - a latency per blocking exchange on the critical path (tp collectives, cp ring steps, pipeline
+///    sends; `blocking_exchanges`), measured on probed machines (exchange_latency);
 ///  - data-parallel traffic: 2 (d - 1) / d of the gradient bytes, hierarchically over NVLink and
 ///    the network (ring all-reduce bound), overlapped with the backward pass where allowed;
 ///  - GEMM efficiency d / (d + d_half) in the GEMM's smallest dimension d, with d_half scaled by
@@ -113,6 +115,42 @@ inline void check_model(const model_desc& m) {
     fail("tune: --moe-every must be at least 1 (1: every layer is an MoE layer), got " + std::to_string(m.moe_every));
   if (!is_moe(m) && (m.top_k > 0 || m.expert_ffn > 0 || m.shared_experts > 0))
     fail("tune: --moe-top-k, --moe-ffn and --moe-shared-experts need --moe-experts (the routed experts per MoE layer)");
+}
+
+/// The blocking exchanges a rank of the busiest pipeline stage waits in, where they occur. Each
+/// costs `node_desc::exchange_latency` on top of its transfer; they are counted as Megatron-Core
+/// and train_gpt issue them (docs/tuning.md, "Communication").
+struct exchange_counts {
+  /// Tensor parallelism, per layer per micro-batch: the forward pass's 2 all-reduces and the
+  /// backward pass's 2 (with sequence parallelism each a reduce-scatter and an all-gather, so 8);
+  /// full recomputation reruns the forward pass's.
+  double tp_per_layer = 0;
+  /// Tensor parallelism outside the layers, per micro-batch: the output layer's input gathered
+  /// (sequence parallel), the vocab-parallel loss's all-reduces of the row maxima and sums, the
+  /// input gradient's reduction, and without pipeline stages the embedding's sum and (sequence
+  /// parallel) its gradient's gather.
+  double tp_per_micro_batch = 0;
+  /// Context parallelism, per layer per micro-batch: ring attention's cp - 1 key/value hops
+  /// forward, cp - 1 of them and cp hops of the gradient accumulators backward (and the forward
+  /// ones again under full recomputation).
+  double cp_per_layer = 0;
+  /// Pipeline sends and receives on the critical path per step: 2 (v m + p - 1).
+  double pp_per_step = 0;
+};
+
+/// The blocking exchanges of layout `l` with `micro_batches` micro-batches per step.
+constexpr exchange_counts blocking_exchanges(const layout_choice& l, int micro_batches) noexcept {
+  exchange_counts n;
+  const bool full = l.recompute_mode == recompute::full;
+  const double t = l.parallel.tp, c = l.parallel.cp, p = l.parallel.pp, v = l.parallel.virtual_stages;
+  const bool sp = l.sequence_parallel;
+  if (t > 1) {
+    n.tp_per_layer = (sp ? 8.0 : 4.0) + (full ? (sp ? 4.0 : 2.0) : 0.0);
+    n.tp_per_micro_batch = (sp ? 4.0 : 3.0) + (p == 1 ? (sp ? 2.0 : 1.0) : 0.0);
+  }
+  if (c > 1) n.cp_per_layer = (c - 1) + (2 * c - 1) + (full ? c - 1 : 0.0);
+  if (p > 1) n.pp_per_step = 2 * (v * micro_batches + p - 1);
+  return n;
 }
 
 namespace detail {
@@ -395,9 +433,16 @@ class evaluator {
     // the first chunk of each, 1/tp of it, stays exposed.
     if (software_.overlap_tp && l.parallel.tp > 1)
       tp_layer = std::max(tp_layer - (3 + (redo > 0 ? 1 : 0)) * c.weight_gemms, tp_layer / l.parallel.tp);
+    // Each blocking exchange also costs its launch, the wait for the last member and the hand-off
+    // (exchange_latency); overlapping the transfer hides none of that.
+    const exchange_counts waits = blocking_exchanges(l, m);
+    const double handoff = cluster_.node.exchange_latency;
+    tp_layer += waits.tp_per_layer * handoff;
+    const double tp_edge = waits.tp_per_micro_batch * handoff;  // per micro-batch, outside the layers
     const double cp_layer = std::max(0.0, c.cp_exchange - c.attention_core) +
                             std::max(0.0, 2 * c.cp_exchange - 2 * c.attention_core) +
-                            (l.recompute_mode == recompute::full ? std::max(0.0, c.cp_exchange - c.attention_core) : 0.0);
+                            (l.recompute_mode == recompute::full ? std::max(0.0, c.cp_exchange - c.attention_core) : 0.0) +
+                            waits.cp_per_layer * handoff;
     // Expert parallelism: dispatch and combine in the forward pass and their transposes in the
     // backward pass, 4 all-to-alls per MoE layer (6 when full recomputation reruns the forward),
     // on the critical path: the experts wait for their tokens.
@@ -405,19 +450,19 @@ class evaluator {
         moe_fraction(model_) * (4.0 + (l.recompute_mode == recompute::full ? 2.0 : 0.0)) * c.all_to_all;
     const double logits = 3 * c.logits_forward;  // the busiest stage is the last: it has the output layer
     const double mb_compute = lps * (fwd + bwd + redo) + logits;
-    const double mb_time = mb_compute + lps * (tp_layer + cp_layer + ep_layer);
+    const double mb_time = mb_compute + lps * (tp_layer + cp_layer + ep_layer) + tp_edge;
     time_breakdown& tb = p.time;
     tb.compute = m * mb_compute;
     tb.recompute = m * lps * redo;
-    tb.tp_comm = m * lps * tp_layer;
+    tb.tp_comm = m * (lps * tp_layer + tp_edge);
     tb.cp_comm = m * lps * cp_layer;
     tb.ep_comm = m * lps * ep_layer;
     if (l.parallel.pp > 1) {
       tb.bubble = static_cast<double>(l.parallel.pp - 1) / l.parallel.virtual_stages * mb_time;
       const bool crosses = l.parallel.tp * l.parallel.cp * l.parallel.dp >= cluster_.node.gpus_per_node;
       const double send = c.p2p_bytes / (crosses ? net_bw_ : intra_bw_) +
-                          (crosses ? cluster_.node.network_latency : cluster_.node.intra_latency);
-      tb.pp_comm = 2.0 * (static_cast<double>(l.parallel.virtual_stages) * m + l.parallel.pp - 1) * send;
+                          (crosses ? cluster_.node.network_latency : cluster_.node.intra_latency) + handoff;
+      tb.pp_comm = waits.pp_per_step * send;
       // Where ranks share cores (compute measured with every rank busy), a stage idle in the
       // bubble lends its core to the busy ones: the step is the longer of the ranks' work at the
       // shared speed and the schedule's critical path at a whole core's speed.
@@ -447,8 +492,10 @@ class evaluator {
       const double grads = software_.gradient_bytes * max_params, weights = 2 * max_params;
       const double back_window = lps * (bwd + redo) * (1 - 1 / lps);
       const double fwd_window = lps * fwd * (1 - 1 / lps);
+      // Where ranks share cores no core is free to progress a reduction behind compute.
+      const bool overlaps = software_.overlap_dp && cluster_.node.ranks_per_core <= 1;
       auto exposed = [&](double comm, double window) {
-        return software_.overlap_dp ? std::max(comm - window, comm / lps) : comm;
+        return overlaps ? std::max(comm - window, comm / lps) : comm;
       };
       switch (l.sharding_mode) {
         case sharding::none: tb.dp_comm = exposed(all_reduce(grads), back_window); break;

@@ -38,6 +38,12 @@ struct node_desc {
   /// gradient synchronizer's bucket cap, when measured (weft-plan --probe's all-reduce curve);
   /// 0: the data-parallel term uses intra_bandwidth like the other collectives.
   double dp_bucket_bandwidth = 0;
+  /// Seconds each blocking exchange on the critical path costs beyond its transfer and the ring's
+  /// latency steps, where the ranks that take part were busy computing: launching it, waiting for
+  /// the slowest member to arrive, and handing the host back (on CPU ranks that share cores, the
+  /// scheduler's time slices). Measured by `weft-plan --probe` (`exchange_latency`); 0 for the
+  /// GPU presets, whose kernel-launch and NCCL latencies are in the latencies above.
+  double exchange_latency = 0;
 };
 
 /// A cluster of identical nodes.
@@ -46,6 +52,9 @@ struct cluster_desc {
   node_desc node{};
   int nodes = 1;
   double oversubscription = 1.0;  ///< network oversubscription (1: full bisection bandwidth)
+  /// Relative spread of the repeated timings the description was measured from (a probed
+  /// machine: `timing_spread`); 0 for the presets. Predictions closer than this are not told apart.
+  double timing_spread = 0;
 };
 
 /// Number of GPUs in the cluster.

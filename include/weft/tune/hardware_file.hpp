@@ -13,7 +13,10 @@
 ///   all_gather, reduce_scatter: bus bandwidth; latency; optional all_reduce_curve [[bytes, seconds],
 ///   ...]: the all-reduce's time at doubling sizes, as the gradient synchronizer measures it to
 ///   choose its bucket cap}, p2p {bandwidth, latency}, and (optional) cpus_per_node: the
-///   processors the ranks of a node run on (0 or absent: unknown, e.g. GPUs).
+///   processors the ranks of a node run on (0 or absent: unknown, e.g. GPUs); (optional)
+///   exchange_latency: seconds a blocking exchange between busy ranks costs beyond its transfer
+///   and the idle latency (absent: 0); (optional) timing_spread: the largest relative spread,
+///   (slowest - fastest) / median, of the repetitions behind any one figure (absent: unknown).
 
 #include <algorithm>
 #include <cmath>
@@ -66,6 +69,12 @@ struct measured_hardware {
   double p2p_bandwidth = 0;        ///< one direction, large messages
   double p2p_latency = 0;          ///< one way, small messages
   int cpus_per_node = 0;           ///< processors the ranks of a node share (0: unknown)
+  /// Seconds a blocking exchange costs where its ranks were computing, beyond the transfer and the
+  /// idle per-step latency: launch, waiting for the last member, host hand-off (0: not measured).
+  double exchange_latency = 0;
+  /// The largest (slowest - fastest) / median over the repetitions of any one measured figure:
+  /// how far the machine moved while it was probed (0: not recorded).
+  double timing_spread = 0;
 };
 
 /// Fits the cost model's GEMM curve, time = F (d + d_half) / (peak d), to samples by least squares
@@ -119,8 +128,10 @@ inline cluster_desc cluster_of(const measured_hardware& hw) {
             .ranks_per_core = hw.cpus_per_node > 0
                                   ? std::max(1.0, static_cast<double>(hw.ranks_per_node) / hw.cpus_per_node)
                                   : 1.0,
-            .dp_bucket_bandwidth = dp_bucket_bus_bandwidth(hw)};
+            .dp_bucket_bandwidth = dp_bucket_bus_bandwidth(hw),
+            .exchange_latency = hw.exchange_latency};
   c.nodes = hw.nodes;
+  c.timing_spread = hw.timing_spread;
   return c;
 }
 
@@ -177,7 +188,9 @@ inline std::string to_json(const measured_hardware& hw) {
   o += "],\n  \"intra_node\": " + detail::link_json(hw.intra_node) +
        ",\n  \"across_nodes\": " + detail::link_json(hw.across_nodes) +
        ",\n  \"p2p\": {\"bandwidth\": " + json_number(hw.p2p_bandwidth) + ", \"latency\": " + json_number(hw.p2p_latency) +
-       "},\n  \"cpus_per_node\": " + std::to_string(hw.cpus_per_node) + "\n}\n";
+       "},\n  \"cpus_per_node\": " + std::to_string(hw.cpus_per_node) +
+       ",\n  \"exchange_latency\": " + json_number(hw.exchange_latency) +
+       ",\n  \"timing_spread\": " + json_number(hw.timing_spread) + "\n}\n";
   return o;
 }
 
@@ -272,6 +285,17 @@ inline measured_hardware parse_hardware(std::string_view text, const std::string
   if (const json_value* cpus = weft::detail::find_member(o, "cpus_per_node")) {
     hw.cpus_per_node = whole(*cpus, "cpus_per_node", 0, max_hardware_ranks);
   }
+  // Written by newer probes; older descriptions lack them (0: not measured).
+  auto optional_non_negative = [&](const std::string& name) {
+    const json_value* v = weft::detail::find_member(o, name);
+    if (!v) return 0.0;
+    if (v->type != kind::number || !(weft::detail::number_value(*v) >= 0) || !std::isfinite(weft::detail::number_value(*v)))
+      fail("tune: " + origin + ": '" + name + "' must be a number >= 0, not " +
+           (v->type == kind::number ? v->text : std::string(weft::detail::describe(v->type))));
+    return weft::detail::number_value(*v);
+  };
+  hw.exchange_latency = optional_non_negative("exchange_latency");
+  hw.timing_spread = optional_non_negative("timing_spread");
   return hw;
 }
 

@@ -139,7 +139,59 @@ struct alternative {
 struct explanation {
   std::string summary;                   ///< the winner, its throughput, time and memory breakdowns
   std::vector<alternative> alternatives; ///< each usual alternative with its verdict
+  std::vector<std::string> caveats;      ///< what the model cannot know here, one sentence each
 };
+
+/// The largest run of the published runs the cost model is validated on (tests/tune/data).
+inline constexpr int largest_validated_gpus = 6144;
+
+/// What the model cannot know about `winner` on `cluster`, beside `alternatives` (its usual
+/// alternatives, as explain() found them): one sentence each, empty when nothing applies.
+///  - A probed machine whose repeated timings spread (`timing_spread`) cannot order layouts
+///    predicted closer than that spread: those alternatives are named.
+///  - A probed machine whose ranks share cores, described without `exchange_latency` (an older
+///    probe), charges blocking exchanges their idle latency only.
+///  - Beyond the validated scale, the published runs there err one way (docs/tuning.md, "The
+///    explanation"): Hopper runs of 8,192-16,384 GPUs with deep pipelines and context
+///    parallelism reached 38-43 % MFU where the model predicts 20-25 %; Ampere runs of
+///    2,000-12,000 GPUs with pp 6-35 ran 10-24 % below it.
+inline std::vector<std::string> caveats(const plan& winner, const cluster_desc& cluster,
+                                        const std::vector<alternative>& alternatives) {
+  std::vector<std::string> out;
+  const bool measured = cluster.gpu.name == "measured";  // cluster_of(measured_hardware)
+  if (cluster.timing_spread > 0) {
+    std::string close;
+    int count = 0;
+    for (const alternative& a : alternatives)
+      if (a.best && std::abs(a.best->time.step / winner.time.step - 1) < cluster.timing_spread) {
+        close += std::string(count ? ", " : "") + a.name;
+        ++count;
+      }
+    if (count > 0)
+      out.push_back("the probe's repeated timings on this machine spread by " + detail::percent(cluster.timing_spread) +
+                    ", more than the predicted difference to " + close +
+                    ": measured there, their order against this layout may come out either way");
+  }
+  if (measured && cluster.node.ranks_per_core > 1 && cluster.node.exchange_latency == 0)
+    out.push_back("these ranks share cores, and the description has no exchange_latency (an older probe): each tp "
+                  "collective, cp ring step and pipeline send is charged its idle latency only, where a rank that "
+                  "waits for a descheduled partner loses a time slice; probe again (weft-plan --probe)");
+  const int gpus = gpus_of(winner.config);
+  const bool hopper =
+      cluster.gpu.architecture == gpu_architecture::hopper || cluster.gpu.architecture == gpu_architecture::blackwell;
+  if (hopper && gpus >= 8192)
+    out.push_back("at " + std::to_string(gpus) + " GPUs the model errs one way: published runs of 8,192-16,384 H100 "
+                  "with pp 16 and cp up to 16 reached 38-43 % MFU where it predicts 20-25 %; read this MFU as a floor");
+  else if (cluster.gpu.architecture == gpu_architecture::ampere && !measured && gpus >= 2000 &&
+           winner.config.parallel.pp >= 6)
+    out.push_back("at " + std::to_string(gpus) + " GPUs with pp " + std::to_string(winner.config.parallel.pp) +
+                  " the model errs one way: published A100 runs of 2,000-12,000 GPUs with pp 6-35 ran 10-24 % "
+                  "below its prediction; read this MFU as a ceiling");
+  else if (!measured && gpus > largest_validated_gpus)
+    out.push_back(std::to_string(gpus) + " GPUs is beyond the largest published run the model is checked on (" +
+                  std::to_string(largest_validated_gpus) + "): its error there is not known");
+  return out;
+}
 
 namespace detail {
 
@@ -241,6 +293,7 @@ inline explanation explain(const plan& winner, const model_desc& model, const cl
     if (model.experts % (w.parallel.ep * 2) == 0)
       consider("twice the expert parallelism (ep=" + std::to_string(w.parallel.ep * 2) + ")", {.ep = w.parallel.ep * 2});
   }
+  e.caveats = caveats(winner, cluster, e.alternatives);
   return e;
 }
 
@@ -276,6 +329,10 @@ inline std::string headline(const plan& best, const explanation& e, const job_de
 inline std::string to_text(const explanation& e) {
   std::string out = e.summary + "\nWhy not the usual alternatives:\n";
   for (const alternative& a : e.alternatives) out += "  - " + a.name + ": " + a.verdict + "\n";
+  if (!e.caveats.empty()) {
+    out += "What the model cannot know here:\n";
+    for (const std::string& c : e.caveats) out += "  - " + c + ".\n";
+  }
   return out;
 }
 
