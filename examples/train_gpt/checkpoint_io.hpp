@@ -154,13 +154,20 @@ inline std::vector<weft::checkpoint::tensor_record> whole_records(const whole_in
 }
 
 /// GPT-2's config names in a file's metadata.
+/// An MoE model adds Mixtral's names (num_local_experts: E, num_experts_per_tok: K) and moe_every.
 inline std::map<std::string, std::string> config_metadata(const gpt_config& m) {
-  return {{"format", "pt"},
-          {"n_layer", std::to_string(m.layers)},
-          {"n_head", std::to_string(m.heads)},
-          {"n_embd", std::to_string(m.hidden)},
-          {"n_positions", std::to_string(m.positions)},
-          {"vocab_size", std::to_string(m.vocab)}};
+  std::map<std::string, std::string> out{{"format", "pt"},
+                                         {"n_layer", std::to_string(m.layers)},
+                                         {"n_head", std::to_string(m.heads)},
+                                         {"n_embd", std::to_string(m.hidden)},
+                                         {"n_positions", std::to_string(m.positions)},
+                                         {"vocab_size", std::to_string(m.vocab)}};
+  if (m.moe_experts > 0) {
+    out["num_local_experts"] = std::to_string(m.moe_experts);
+    out["num_experts_per_tok"] = std::to_string(m.moe_top_k);
+    out["moe_every"] = std::to_string(m.moe_every);
+  }
+  return out;
 }
 
 /// The model shape a file describes: its metadata's GPT-2 config names, or (for files without
@@ -196,6 +203,9 @@ inline gpt_config config_from_file(const weft::checkpoint::checkpoint_file& f, c
     throw std::runtime_error("checkpoint '" + path + "' does not say its number of heads (metadata n_head): give the "
                              "model's --heads, or add n_head to the file's metadata");
   m.heads = *heads;
+  m.moe_experts = meta("num_local_experts").value_or(0);
+  m.moe_top_k = meta("num_experts_per_tok").value_or(m.moe_top_k);
+  m.moe_every = meta("moe_every").value_or(m.moe_every);
   return m;
 }
 

@@ -279,7 +279,8 @@ class fully_sharded {
   void sum_split_gradients(std::size_t u) {
     if (!s_.sequence_parallel) return;
     for (std::size_t j = 0; j < units_[u].size(); ++j)
-      if (specs_[units_[u][j]].split == tp_split::replicated) tp_.all_reduce(model_->grad(u, j));
+      if (specs_[units_[u][j]].split == tp_split::replicated && !moe_param(specs_[units_[u][j]]))
+        tp_.all_reduce(model_->grad(u, j));
   }
 
   comm& tp_;

@@ -25,13 +25,24 @@ struct gpt_config {
   int seq = 128;
   /// The vocabulary is padded to a multiple of this x tp (Megatron's --make-vocab-size-divisible-by).
   int vocab_divisible_by = 128;
+  /// Mixture of experts (Mixtral's config names num_local_experts, num_experts_per_tok): blocks i
+  /// with i % moe_every == 0 have E experts, each token using its top K, in place of the MLP.
+  int moe_experts = 0;  // 0: dense
+  int moe_top_k = 2;
+  int moe_every = 1;
 
+  bool moe_layer(int layer) const noexcept { return moe_experts > 0 && layer % moe_every == 0; }
   int head_dim() const noexcept { return hidden / heads; }
   /// Parameters of the whole model (the output layer is tied to the token embedding).
   std::int64_t parameter_count() const noexcept {
     const std::int64_t c = hidden;
     const std::int64_t per_layer = 2 * c + (c * 3 * c + 3 * c) + (c * c + c) + 2 * c + (c * 4 * c + 4 * c) + (4 * c * c + c);
-    return static_cast<std::int64_t>(vocab) * c + static_cast<std::int64_t>(positions) * c + layers * per_layer + 2 * c;
+    const std::int64_t mlp = (c * 4 * c + 4 * c) + (4 * c * c + c);
+    std::int64_t moe = 0;  // each MoE block: the router and E MLPs in place of one
+    for (int i = 0; i < layers; ++i)
+      if (moe_layer(i)) moe += static_cast<std::int64_t>(moe_experts) * c + (moe_experts - 1) * mlp;
+    return static_cast<std::int64_t>(vocab) * c + static_cast<std::int64_t>(positions) * c + layers * per_layer + 2 * c +
+           moe;
   }
 };
 

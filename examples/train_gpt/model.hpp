@@ -67,6 +67,7 @@
 
 #include "cpu_kernels.hpp"
 #include "gpt_config.hpp"
+#include "moe_block.hpp"
 #include "parameters.hpp"
 
 namespace train_gpt {
@@ -96,15 +97,19 @@ class gpt_model {
     int micro_batch = 1;  // sequences per micro-batch
     int cp = 1;
     weft::tune::recompute recompute = weft::tune::recompute::none;
+    moe_settings moe;  // with moe.experts > 0: the MoE blocks' (model.moe_layer)
   };
 
   /// `params[i]` and `grads[i]` are this rank's local parts of `specs[i]` (rank_parameters order).
-  gpt_model(shape s, std::vector<param_spec> specs, comm& tp, comm& cp)
+  /// `ep`: the expert-parallel group, for a model with MoE blocks.
+  gpt_model(shape s, std::vector<param_spec> specs, comm& tp, comm& cp, comm* ep = nullptr)
       : s_(std::move(s)), specs_(std::move(specs)), tp_(tp), cp_(cp),
         split_{.seq = s_.model.seq, .cp = s_.cp, .kind = weft::cp::split_kind::load_balanced},
         attention_(cp, split_, {.heads = static_cast<std::size_t>(s_.model.heads / s_.place.tp),
-                                .head_dim = static_cast<std::size_t>(s_.model.head_dim())}) {
-    for (std::size_t i = 0; i < specs_.size(); ++i) index_[{specs_[i].chunk, specs_[i].layer, specs_[i].role}] = i;
+                                .head_dim = static_cast<std::size_t>(s_.model.head_dim())}),
+        moe_(s_.moe, static_cast<std::size_t>(s_.model.hidden), ep, cp) {
+    for (std::size_t i = 0; i < specs_.size(); ++i)
+      index_[{specs_[i].chunk, specs_[i].layer, specs_[i].role, specs_[i].expert}] = i;
     c_ = static_cast<std::size_t>(s_.model.hidden);
     t_ = static_cast<std::size_t>(s_.model.seq / s_.cp);
     n_ = static_cast<std::size_t>(s_.micro_batch) * t_;
@@ -157,6 +162,9 @@ class gpt_model {
     on_exchange_ = std::move(f);
   }
   void reset_exchange_seconds() noexcept { exchange_seconds_ = 0; }
+  /// The sums of the MoE blocks' aux and z losses over the sequences this rank counts (tp and cp
+  /// rank 0: the others hold the same sequences) since the last call.
+  std::pair<double, double> take_moe_losses() noexcept { return moe_.take_losses(); }
 
   /// Forward of chunk `chunk` for micro-batch `mb`. On the first virtual stage `input` is empty
   /// and the tokens are embedded; on the last, `output` is empty and the loss is computed with
@@ -168,6 +176,7 @@ class gpt_model {
                  std::span<float> output, float loss_scale, bool with_gradients = true) {
     activations& a = acquire(mb, chunk);
     a.batch = &batch;
+    count_moe_losses_ = with_gradients && tp_.rank() == 0 && cp_.rank() == 0;
     const int first = s_.place.first_layer(s_.model, chunk);
     const int count = s_.place.layers_per_stage(s_.model);
     std::vector<float>& x = a.stream;  // the residual stream, layer to layer
@@ -210,6 +219,7 @@ class gpt_model {
   /// `input_grad` (empty on the first virtual stage) and keeps what `weight` needs.
   void backward(int mb, int chunk, std::span<const float> output_grad, std::span<float> input_grad) {
     activations& a = held_set(mb, chunk);
+    count_moe_losses_ = false;  // a full recomputation's forward adds no loss
     const int first = s_.place.first_layer(s_.model, chunk);
     const int count = s_.place.layers_per_stage(s_.model);
     std::vector<float>& dx = a.stream;
@@ -294,6 +304,7 @@ class gpt_model {
         fc, gelu;
     // backward's input part, kept for the parameter part (the *_full ones with sequence parallelism)
     std::vector<float> dy, dmlp_full, dfc, dln2, dx2, dproj_full, dqkv, dln1;
+    typename moe_block<B>::state moe;  // an MoE block's layer state
   };
   struct activations {
     std::vector<layer_acts> layers;
@@ -311,6 +322,7 @@ class gpt_model {
   struct key {
     int chunk, layer;
     param_role role;
+    int expert;
     auto operator<=>(const key&) const = default;
   };
 
@@ -367,8 +379,8 @@ class gpt_model {
     K::layernorm_backward_params(a.head_in.data(), a.head_mean.data(), a.head_rstd.data(), a.head_dln.data(),
                                  grad(chunk, -1, param_role::ln_f_w), grad(chunk, -1, param_role::ln_f_b), rows_, c_);
   }
-  std::size_t at(int chunk, int layer, param_role role) const {
-    auto it = index_.find({chunk, layer, role});
+  std::size_t at(int chunk, int layer, param_role role, int expert = -1) const {
+    auto it = index_.find({chunk, layer, role, expert});
     if (it == index_.end())
       throw std::logic_error("train_gpt: no parameter for chunk " + std::to_string(chunk) + " layer " +
                              std::to_string(layer));
@@ -594,6 +606,7 @@ class gpt_model {
     const std::vector<float>& ln2_full =
         column_input_norm(a.x2, param(chunk, layer, param_role::ln_2_w), param(chunk, layer, param_role::ln_2_b), a.ln2,
                           a.ln2_mean, a.ln2_rstd, a.ln2_full);
+    if (s_.model.moe_layer(layer)) return moe_forward(chunk, layer, a, ln2_full, x);
     a.fc.resize(n * 4 * cl);
     K::linear_forward(ln2_full.data(), param(chunk, layer, param_role::fc_w),
                       {param(chunk, layer, param_role::fc_b), 4 * cl}, a.fc.data(), n, c, 4 * cl);
@@ -606,22 +619,51 @@ class gpt_model {
     K::residual_add(a.x2.data(), mlp_out.data(), param(chunk, layer, param_role::mlp_proj_b), x.data(), rows, c);
   }
 
+  /// An MoE block's MLP on all the micro-batch's rows (`ln2_full`); x = x2 + its output on the
+  /// rank's rows (the experts' biases are inside the experts).
+  void moe_forward(int chunk, int layer, layer_acts& a, const std::vector<float>& ln2_full, std::vector<float>& x) {
+    std::vector<float>& y = scratch_.mlp;
+    y.resize(n_ * c_);
+    moe_.forward(a.moe, layer, ln2_full, static_cast<std::size_t>(s_.micro_batch), moe_params(chunk), y,
+                 count_moe_losses_);
+    const std::size_t first = row_range().first;
+    for (std::size_t i = 0; i < rows_ * c_; ++i) x[i] = a.x2[i] + y[first * c_ + i];
+  }
+  /// Its backward from the output gradient on all rows (`dmlp`): the router's and the local
+  /// experts' gradients are added, and ln_2's output gradient (whole on every tp rank, so not
+  /// summed over tp) is the rank's rows of `dh`.
+  void moe_backward_input(int chunk, int layer, layer_acts& a, const std::vector<float>& dmlp, std::vector<float>& dh) {
+    moe_.backward(a.moe, layer, dmlp, moe_params(chunk), moe_grads(chunk), dh);
+    const auto first = static_cast<std::ptrdiff_t>(row_range().first * c_);
+    a.dln2.assign(dh.begin() + first, dh.begin() + first + static_cast<std::ptrdiff_t>(rows_ * c_));
+  }
+  typename moe_block<B>::template lookup<const float> moe_params(int chunk) {
+    return [this, chunk](int layer, param_role role, int expert) { return params_[at(chunk, layer, role, expert)]; };
+  }
+  typename moe_block<B>::template lookup<float> moe_grads(int chunk) {
+    return [this, chunk](int layer, param_role role, int expert) { return grads_[at(chunk, layer, role, expert)]; };
+  }
+
   /// The input part of one block's backward: `dx` is the gradient of the block's output in, of
   /// its input out; what the parameter gradients need is kept in `a`.
   void layer_backward_input(int chunk, int layer, layer_acts& a, std::vector<float>& dx) {
     const std::size_t c = c_, cl = cl_, n = n_, rows = rows_;
-    // MLP: y = x2 + c_proj(gelu(c_fc(ln_2(x2)))).
+    // MLP: y = x2 + c_proj(gelu(c_fc(ln_2(x2)))), or an MoE block's y = x2 + moe(ln_2(x2)).
     a.dy = dx;
     const std::vector<float>& dmlp = row_output_grad(a.dy, a.dmlp_full);
-    std::vector<float>& dgelu = scratch_.dgelu;
-    dgelu.resize(n * 4 * cl);
-    K::linear_backward_input(param(chunk, layer, param_role::mlp_proj_w), dmlp.data(), dgelu.data(), n, 4 * cl, c);
-    a.dfc.resize(n * 4 * cl);
-    K::gelu_backward(a.fc.data(), dgelu.data(), a.dfc.data(), n * 4 * cl);
     std::vector<float>& dcol = scratch_.dcol;
     dcol.resize(n * c);
-    K::linear_backward_input(param(chunk, layer, param_role::fc_w), a.dfc.data(), dcol.data(), n, c, 4 * cl);
-    column_input_grad(dcol, a.dln2);
+    if (s_.model.moe_layer(layer)) {
+      moe_backward_input(chunk, layer, a, dmlp, dcol);
+    } else {
+      std::vector<float>& dgelu = scratch_.dgelu;
+      dgelu.resize(n * 4 * cl);
+      K::linear_backward_input(param(chunk, layer, param_role::mlp_proj_w), dmlp.data(), dgelu.data(), n, 4 * cl, c);
+      a.dfc.resize(n * 4 * cl);
+      K::gelu_backward(a.fc.data(), dgelu.data(), a.dfc.data(), n * 4 * cl);
+      K::linear_backward_input(param(chunk, layer, param_role::fc_w), a.dfc.data(), dcol.data(), n, c, 4 * cl);
+      column_input_grad(dcol, a.dln2);
+    }
     // dx2 = dy + the norm's input gradient.
     K::layernorm_backward_input(a.x2.data(), param(chunk, layer, param_role::ln_2_w), a.ln2_mean.data(),
                                 a.ln2_rstd.data(), a.dln2.data(), dx.data(), rows, c);
@@ -662,12 +704,14 @@ class gpt_model {
     const std::size_t c = c_, cl = cl_, n = n_, rows = rows_;
     const std::vector<float>& ln1_full = sp() ? a.ln1_full : a.ln1;
     const std::vector<float>& ln2_full = sp() ? a.ln2_full : a.ln2;
-    K::column_sums(a.dy.data(), {grad(chunk, layer, param_role::mlp_proj_b), c}, rows);
-    const std::vector<float>& dmlp = sp() ? a.dmlp_full : a.dy;
     const std::vector<float>& dproj = sp() ? a.dproj_full : a.dx2;
-    K::linear_backward_weight(a.gelu.data(), dmlp.data(), grad(chunk, layer, param_role::mlp_proj_w), {}, n, 4 * cl, c);
-    K::linear_backward_weight(ln2_full.data(), a.dfc.data(), grad(chunk, layer, param_role::fc_w),
-                              {grad(chunk, layer, param_role::fc_b), 4 * cl}, n, c, 4 * cl);
+    if (!s_.model.moe_layer(layer)) {  // an MoE block's MLP added its gradients in backward's input part
+      K::column_sums(a.dy.data(), {grad(chunk, layer, param_role::mlp_proj_b), c}, rows);
+      const std::vector<float>& dmlp = sp() ? a.dmlp_full : a.dy;
+      K::linear_backward_weight(a.gelu.data(), dmlp.data(), grad(chunk, layer, param_role::mlp_proj_w), {}, n, 4 * cl, c);
+      K::linear_backward_weight(ln2_full.data(), a.dfc.data(), grad(chunk, layer, param_role::fc_w),
+                                {grad(chunk, layer, param_role::fc_b), 4 * cl}, n, c, 4 * cl);
+    }
     K::layernorm_backward_params(a.x2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.dln2.data(),
                                  grad(chunk, layer, param_role::ln_2_w), grad(chunk, layer, param_role::ln_2_b), rows, c);
     K::column_sums(a.dx2.data(), {grad(chunk, layer, param_role::attn_proj_b), c}, rows);
@@ -684,6 +728,8 @@ class gpt_model {
   comm& cp_;
   weft::cp::sequence_split split_;
   weft::cp::ring_attention<B, blas_attention> attention_;
+  moe_block<B> moe_;
+  bool count_moe_losses_ = false;
   std::map<key, std::size_t> index_;
   std::vector<std::span<const float>> params_;
   std::vector<std::span<float>> grads_;

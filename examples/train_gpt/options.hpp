@@ -1,6 +1,7 @@
 #pragma once
 // train_gpt's command line.
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -29,6 +30,13 @@ model
                          Megatron's): each tp rank holds an equal block of the embedding's rows; the
                          padding is never trained nor saved (checkpoints keep the true vocabulary)
   --init-from FILE       shape from FILE's metadata (GPT-2 config names) and weights from FILE
+  --moe-experts E        mixture of experts: E experts (GPT-2 MLPs) in place of the MLP of every
+                         --moe-every N-th block (blocks i with i % N == 0; default 1), each token using
+                         the --moe-top-k K (default 2) that its router ranks highest
+  --moe-capacity-factor F   each rank keeps per expert at most ceil(F x tokens x K / E) assignments,
+                         the others pass through the residual (default 0: dropless)
+  --moe-aux-loss-coef A --moe-z-loss-coef B   the loss is the mean over sequences of cross-entropy +
+                         A x the load-balancing losses + B x the router z-losses (0.01, 0.001)
 run
   --steps N              optimizer steps in all, counted from step 0: a run resumed at step S trains
                          steps S+1..N (default 20)
@@ -43,6 +51,8 @@ run
                          --val-steps global batches (default 4) every N steps and after the last
 layout (degrees multiply to the ranks; dp defaults to ranks / (tp pp cp))
   --tp N --pp N --dp N --cp N --vp N   tensor, pipeline, data, context parallel degrees; virtual stages per rank
+  --ep N                 expert parallel degree (MoE): each MoE block's experts are computed over N ranks
+                         of one tp coordinate; ep x tp x pp must divide the ranks (default 1)
   --schedule KIND        gpipe, 1f1b (default), interleaved (needs --vp > 1) or zb-h1 (weight gradients
                          deferred into the bubble)
   --sequence-parallel    with tp > 1: layer norms and dropout-free regions on sequence slices
@@ -97,6 +107,8 @@ struct options {
   data_format format = data_format::detect;
   int val_every = 0, val_steps = 4;
   int tp = 1, pp = 1, dp = 0, cp = 1, vp = 1;
+  int ep = 1;
+  double moe_capacity_factor = 0, moe_aux_loss_coef = 0.01, moe_z_loss_coef = 0.001;
   std::string schedule = "1f1b";
   bool sequence_parallel = false;
   weft::tune::recompute recompute = weft::tune::recompute::none;
@@ -140,6 +152,7 @@ inline options parse_options(int argc, char** argv) {
   options o;
   std::optional<std::string> model_name;
   std::vector<std::pair<std::string, std::string>> fields;
+  std::vector<std::pair<std::string, int>> moe_fields;
   bool zero1_flag = false, overlap_flag = false, bucket_flag = false, keep_flag = false;
   std::optional<std::string> sharding_flag;
   for (int i = 1; i < argc; ++i) {
@@ -177,6 +190,12 @@ inline options parse_options(int argc, char** argv) {
     else if (flag == "--val-data") o.val_data = value();
     else if (flag == "--val-every") o.val_every = integer(1, 100'000'000);
     else if (flag == "--val-steps") o.val_steps = integer(1, 1'000'000);
+    else if (flag == "--moe-experts" || flag == "--moe-top-k" || flag == "--moe-every")
+      moe_fields.emplace_back(std::string(flag), integer(1, 1 << 16));
+    else if (flag == "--moe-capacity-factor") o.moe_capacity_factor = real(0, 1e6);
+    else if (flag == "--moe-aux-loss-coef") o.moe_aux_loss_coef = real(0, 1e6);
+    else if (flag == "--moe-z-loss-coef") o.moe_z_loss_coef = real(0, 1e6);
+    else if (flag == "--ep") o.ep = integer(1, 1 << 20);
     else if (flag == "--tp") o.tp = integer(1, 1 << 20);
     else if (flag == "--pp") o.pp = integer(1, 1 << 20);
     else if (flag == "--dp") o.dp = integer(1, 1 << 20);
@@ -224,11 +243,11 @@ inline options parse_options(int argc, char** argv) {
     else throw weft_programs::unknown_option(flag, usage_text);
   }
   for (int i = 1; i < argc; ++i)
-    for (std::string_view f : {"--tp", "--pp", "--dp", "--cp", "--vp", "--micro-batch", "--sequence-parallel", "--zero1",
-                               "--schedule", "--sharding", "--recompute"})
+    for (std::string_view f : {"--tp", "--pp", "--dp", "--cp", "--vp", "--ep", "--micro-batch", "--sequence-parallel",
+                               "--zero1", "--schedule", "--sharding", "--recompute"})
       if (argv[i] == f) o.layout_flags = true;
   if (o.plan && o.layout_flags)
-    throw usage_error("--plan chooses the layout: drop --tp --pp --dp --cp --vp --micro-batch --sequence-parallel "
+    throw usage_error("--plan chooses the layout: drop --tp --pp --dp --cp --vp --ep --micro-batch --sequence-parallel "
                       "--zero1 --sharding --schedule --recompute, or drop --plan to give them yourself");
   if (o.plan && !o.hardware)
     throw usage_error("--plan needs --hardware FILE, a description of these ranks: measure it first with "
@@ -273,6 +292,22 @@ inline options parse_options(int argc, char** argv) {
     o.model_flags.push_back(flag);
   }
   o.model.vocab_divisible_by = o.vocab_divisible_by;
+  for (const auto& [flag, v] : moe_fields) {
+    (flag == "--moe-experts" ? o.model.moe_experts : flag == "--moe-top-k" ? o.model.moe_top_k : o.model.moe_every) = v;
+    o.model_flags.push_back(flag);
+  }
+  const bool moe_given = std::any_of(moe_fields.begin(), moe_fields.end(), [](const auto& f) { return f.first == "--moe-experts"; });
+  if (!moe_given && !o.init_from) {
+    for (const char* flag : {"--moe-top-k", "--moe-every", "--moe-capacity-factor", "--moe-aux-loss-coef",
+                             "--moe-z-loss-coef", "--ep"})
+      for (int i = 1; i < argc; ++i)
+        if (argv[i] == std::string_view(flag))
+          throw usage_error(std::string(flag) + " sets up the mixture of experts, and there is none: add --moe-experts E "
+                            "(the experts of each MoE block), or drop " + flag);
+  }
+  if (o.plan && (moe_given || o.ep > 1))
+    throw usage_error("--plan does not choose layouts for mixture-of-experts runs yet: give the layout yourself "
+                      "(--ep, --tp, --pp, --dp, --cp), or drop --plan");
   if (o.schedule != "gpipe" && o.schedule != "1f1b" && o.schedule != "interleaved" && o.schedule != "zb-h1")
     throw usage_error("--schedule '" + o.schedule + "' is not one train_gpt runs: use gpipe, 1f1b, interleaved or zb-h1" +
                       weft_programs::did_you_mean(o.schedule, weft_programs::listed_words("gpipe, 1f1b, interleaved, zb-h1")));

@@ -34,7 +34,9 @@ enum class tp_split {
 
 enum class param_role : std::uint8_t {
   wte, wpe, ln_1_w, ln_1_b, attn_w, attn_b, attn_proj_w, attn_proj_b, ln_2_w, ln_2_b, fc_w, fc_b, mlp_proj_w,
-  mlp_proj_b, ln_f_w, ln_f_b
+  mlp_proj_b, ln_f_w, ln_f_b,
+  // a mixture-of-experts block's MLP (moe_block.hpp): the router and each expert's GPT-2 MLP
+  router_w, expert_fc_w, expert_fc_b, expert_proj_w, expert_proj_b
 };
 
 struct param_spec {
@@ -48,7 +50,12 @@ struct param_spec {
   std::size_t local_elements = 0;     // on this rank
   std::int64_t padded_rows = 0;       // vocab_rows: the padded first dimension
   bool decay = false;                 // AdamW weight decay: matrices and embeddings, not biases and norms
+  int expert = -1;                    // an MoE expert's index (its tensors are whole on every rank)
 };
+
+/// Whether `p` belongs to an MoE block's MLP, whose gradients are whole on every tp rank (each tp
+/// rank routes the same rows), also with sequence parallelism.
+inline bool moe_param(const param_spec& p) noexcept { return p.role >= param_role::router_w; }
 
 inline std::int64_t elements_of(std::span<const std::int64_t> shape) {
   std::int64_t n = 1;
@@ -80,8 +87,8 @@ inline std::vector<param_spec> rank_parameters(const gpt_config& m, const model_
   std::vector<param_spec> out;
   const std::int64_t c = m.hidden;
   auto add = [&](std::string name, param_role role, int layer, int chunk, std::vector<std::int64_t> whole,
-                 tp_split split, int blocks = 1) {
-    param_spec p{std::move(name), role, layer, chunk, std::move(whole), split, blocks, 0, 0, false};
+                 tp_split split, int blocks = 1, int expert = -1) {
+    param_spec p{std::move(name), role, layer, chunk, std::move(whole), split, blocks, 0, 0, false, expert};
     std::int64_t n = elements_of(p.whole);
     if (split == tp_split::vocab_rows) {
       p.padded_rows = static_cast<std::int64_t>(vocab_partition_of(m, at).padded);
@@ -113,6 +120,17 @@ inline std::vector<param_spec> rank_parameters(const gpt_config& m, const model_
       add(h + "attn.c_proj.bias", param_role::attn_proj_b, l, chunk, {c}, tp_split::replicated);
       add(h + "ln_2.weight", param_role::ln_2_w, l, chunk, {c}, tp_split::replicated);
       add(h + "ln_2.bias", param_role::ln_2_b, l, chunk, {c}, tp_split::replicated);
+      if (m.moe_layer(l)) {
+        add(h + "mlp.router.weight", param_role::router_w, l, chunk, {m.moe_experts, c}, tp_split::replicated);
+        for (int e = 0; e < m.moe_experts; ++e) {
+          const std::string x = h + "mlp.experts." + std::to_string(e) + ".";
+          add(x + "c_fc.weight", param_role::expert_fc_w, l, chunk, {c, 4 * c}, tp_split::replicated, 1, e);
+          add(x + "c_fc.bias", param_role::expert_fc_b, l, chunk, {4 * c}, tp_split::replicated, 1, e);
+          add(x + "c_proj.weight", param_role::expert_proj_w, l, chunk, {4 * c, c}, tp_split::replicated, 1, e);
+          add(x + "c_proj.bias", param_role::expert_proj_b, l, chunk, {c}, tp_split::replicated, 1, e);
+        }
+        continue;
+      }
       add(h + "mlp.c_fc.weight", param_role::fc_w, l, chunk, {c, 4 * c}, tp_split::columns);
       add(h + "mlp.c_fc.bias", param_role::fc_b, l, chunk, {4 * c}, tp_split::columns);
       add(h + "mlp.c_proj.weight", param_role::mlp_proj_w, l, chunk, {4 * c, c}, tp_split::rows);

@@ -50,12 +50,12 @@ train_gpt::gpt_config model_shape(const train_gpt::options& o) {
     throw input_error(e.what());
   }
   for (const std::string& flag : o.model_flags) {
-    const int given = flag == "--layers" ? o.model.layers : flag == "--hidden" ? o.model.hidden
-                    : flag == "--heads"  ? o.model.heads  : flag == "--vocab"  ? o.model.vocab
-                    : flag == "--positions" ? o.model.positions : -1;
-    const int file = flag == "--layers" ? m.layers : flag == "--hidden" ? m.hidden
-                   : flag == "--heads"  ? m.heads  : flag == "--vocab"  ? m.vocab
-                   : flag == "--positions" ? m.positions : -1;
+    auto field = [&](const train_gpt::gpt_config& c) {
+      return flag == "--layers" ? c.layers : flag == "--hidden" ? c.hidden : flag == "--heads" ? c.heads
+           : flag == "--vocab" ? c.vocab : flag == "--positions" ? c.positions : flag == "--moe-experts" ? c.moe_experts
+           : flag == "--moe-top-k" ? c.moe_top_k : flag == "--moe-every" ? c.moe_every : -1;
+    };
+    const int given = field(o.model), file = field(m);
     if (given != file)
       throw input_error(flag + " " + std::to_string(given) + " disagrees with '" + *o.init_from + "', whose model has " +
                         std::to_string(file) + ": drop the flag to take the file's shape");
@@ -131,6 +131,11 @@ int run(const train_gpt::options& o) {
                     : (" +recompute " + std::string(weft::tune::to_string(run_options.recompute))).c_str(),
                 run_options.schedule.c_str(), layout.global_batch, layout.micro_batches,
                 layout.choice.micro_batch);
+  if (m.moe_experts > 0 && world.rank() == 0)
+    std::printf("mixture of experts: %d experts, top %d, every %d block(s) from block 0, ep %d%s\n", m.moe_experts,
+                m.moe_top_k, m.moe_every, layout.degrees().ep,
+                o.moe_capacity_factor > 0 ? (", capacity factor " + std::to_string(o.moe_capacity_factor)).c_str()
+                                          : ", dropless");
   if (predicted && world.rank() == 0)
     std::printf("the tuner predicts %.1f ms per step for this layout on '%s'\n", *predicted * 1e3, o.hardware->c_str());
   try {

@@ -103,6 +103,7 @@ inline run_layout resolve_layout(weft::tune::layout_choice choice, int global_ba
   if (fully_sharded && schedule != "1f1b")
     throw input_error("--sharding zero2, zero3 and hsdp need --schedule 1f1b (the default): the schedule '" + schedule +
                       "' starts a micro-batch's forward before the previous one's backward ended");
+  if (std::optional<std::string> problem = moe_problem(m, d)) throw input_error(*problem);
   std::vector<std::string> problems = shape_problems(m, choice);
   if (!problems.empty()) {
     std::string text = problems.front();
@@ -117,6 +118,7 @@ inline run_layout resolve_layout(weft::tune::layout_choice choice, int global_ba
 inline weft::tune::layout_choice layout_from_flags(const options& o) {
   weft::tune::layout_choice c;
   c.parallel = {.tp = o.tp, .cp = o.cp, .pp = o.pp, .dp = o.dp, .virtual_stages = o.vp};
+  c.parallel.ep = o.ep;
   c.micro_batch = o.micro_batch;
   c.sequence_parallel = o.sequence_parallel;
   c.sharding_mode = o.sharding;
@@ -134,12 +136,14 @@ inline std::vector<float> initial_whole(const param_spec& p, const gpt_config& m
       std::fill(out.begin(), out.end(), 1.0f);
       return out;
     case param_role::ln_1_b: case param_role::ln_2_b: case param_role::ln_f_b: case param_role::attn_b:
-    case param_role::attn_proj_b: case param_role::fc_b: case param_role::mlp_proj_b:
+    case param_role::attn_proj_b: case param_role::fc_b: case param_role::mlp_proj_b: case param_role::expert_fc_b:
+    case param_role::expert_proj_b:
       return out;
     default: break;
   }
   double std = 0.02;
-  if (p.role == param_role::attn_proj_w || p.role == param_role::mlp_proj_w) std /= std::sqrt(2.0 * m.layers);
+  if (p.role == param_role::attn_proj_w || p.role == param_role::mlp_proj_w || p.role == param_role::expert_proj_w)
+    std /= std::sqrt(2.0 * m.layers);
   std::uint64_t state = seed * 0x9E3779B97F4A7C15ull;
   for (char ch : p.name) state = (state ^ static_cast<unsigned char>(ch)) * 0x100000001B3ull;
   auto next = [&] {  // splitmix64 -> uniform in (0, 1)
@@ -186,8 +190,10 @@ class trainer {
                .vp = r.degrees().virtual_stages},
         specs_(rank_parameters(m_, place_)),
         model_({.model = m_, .place = place_, .sequence_parallel = r.sequence_parallel(),
-                .micro_batch = r.choice.micro_batch, .cp = r.degrees().cp, .recompute = r.choice.recompute_mode},
-               specs_, groups_.tp(), groups_.cp()),
+                .micro_batch = r.choice.micro_batch, .cp = r.degrees().cp, .recompute = r.choice.recompute_mode,
+                .moe = moe_settings_of(o_, m_, r.global_batch)},
+               specs_, groups_.tp(), groups_.cp(),
+               m_.moe_experts > 0 ? &groups_.get(weft::layout::group_kind::ep) : nullptr),
         trace_(o_.trace.has_value()), index_(m_) {
     own_ = {.tp_rank = coords_.tp, .tp = r.degrees().tp, .data_leader = coords_.dp == 0 && coords_.cp == 0};
     skip_.assign(specs_.size(), false);
@@ -433,10 +439,14 @@ class trainer {
       trace_.add("gradient reduction (exposed)", "dp reduction", t_tail, t_dump);
 
       // Loss over the global batch: rows are disjoint over dp, cp and (with sequence parallelism)
-      // tp; without it every tp rank computed the same rows, so only tp rank 0 counts them.
-      double loss = (r_.sequence_parallel() || coords_.tp == 0) ? loss_sum : 0.0;
-      world_.all_reduce(std::span<double>(&loss, 1));
-      loss /= tokens_per_step;
+      // tp; without it every tp rank computed the same rows, so only tp rank 0 counts them. The
+      // MoE blocks' aux and z: summed over layers, the mean over the global batch's sequences.
+      const auto [aux_sum, z_sum] = model_.take_moe_losses();
+      std::array<double, 3> sums{(r_.sequence_parallel() || coords_.tp == 0) ? loss_sum : 0.0, aux_sum, z_sum};
+      world_.all_reduce(std::span<double>(sums));
+      const double ce_loss = sums[0] / tokens_per_step, aux_loss = sums[1] / r_.global_batch,
+                   z_loss = sums[2] / r_.global_batch;
+      double loss = ce_loss + o_.moe_aux_loss_coef * aux_loss + o_.moe_z_loss_coef * z_loss;
       const double step_s = std::chrono::duration<double>(clock::now() - t0).count();
       // Exposed communication: blocked in tp/cp exchanges, in marking gradients (the tp and
       // embedding sums), in the dp reduction after backward, in the ZeRO-1 gather; bubble: blocked
@@ -449,7 +459,7 @@ class trainer {
       std::array<std::int64_t, 2> memory{max_rss_bytes(), static_cast<std::int64_t>(state_bytes())};
       world_.all_reduce(std::span<std::int64_t>(memory), weft::reduce_op::max);
       const std::int64_t peak_memory = memory[0];
-      if (rank == 0 && o_.dump_grads) finish_dump(loss);
+      if (rank == 0 && o_.dump_grads) finish_dump(loss, {{"ce_loss", ce_loss}, {"aux_loss", aux_loss}, {"z_loss", z_loss}});
       std::optional<double> val_loss;
       if (val_ != nullptr && (step + 1 == o_.steps || (step + 1) % o_.val_every == 0)) val_loss = validation_loss();
       if (step == step_) first_loss = loss;
@@ -591,7 +601,7 @@ class trainer {
   std::string model_description() const {
     return "train_gpt GPT-2: " + std::to_string(m_.layers) + " layers, hidden " + std::to_string(m_.hidden) + ", " +
            std::to_string(m_.heads) + " heads, vocabulary " + std::to_string(m_.vocab) + ", " +
-           std::to_string(m_.positions) + " positions";
+           std::to_string(m_.positions) + " positions" + moe_description(m_);
   }
 
   /// Collective: this rank's pieces of step `step`'s state to `saver` (written in the background).
@@ -834,7 +844,7 @@ class trainer {
   /// over tp for what tp replicates when sequence parallelism split the tokens, and over the
   /// first and last stages for the tied embedding.
   void sum_split_gradient(std::size_t i) {
-    if (r_.sequence_parallel() && specs_[i].split == tp_split::replicated)
+    if (r_.sequence_parallel() && specs_[i].split == tp_split::replicated && !moe_param(specs_[i]))
       groups_.tp().all_reduce(sync_->grad(i));
     if (specs_[i].role == param_role::wte && place_.pp > 1)
       groups_.get(weft::layout::group_kind::embedding).all_reduce(sync_->grad(i));
@@ -968,10 +978,15 @@ class trainer {
 
  public:
   /// Writes the gradient dump (rank 0) once the step's loss is known.
-  void finish_dump(double loss) {
+  /// `parts`: the loss's parts (an MoE model's ce_loss, aux_loss, z_loss), dumped beside it.
+  void finish_dump(double loss, const std::vector<std::pair<std::string, double>>& parts = {}) {
     if (!dump_pending_) return;
     const float l = static_cast<float>(loss);
     dump_pending_->tensors.push_back(weft::checkpoint::make_record<float>("loss", {}, std::span<const float>(&l, 1)));
+    for (const auto& [name, value] : m_.moe_experts > 0 ? parts : std::vector<std::pair<std::string, double>>{}) {
+      const float v = static_cast<float>(value);
+      dump_pending_->tensors.push_back(weft::checkpoint::make_record<float>(name, {}, std::span<const float>(&v, 1)));
+    }
     weft::checkpoint::write_safetensors(dump_path_, *dump_pending_);
     dump_pending_.reset();
   }

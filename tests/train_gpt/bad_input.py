@@ -99,6 +99,13 @@ def main():
              "--resume continues a checkpoint"),
             ("a resume with nothing left to train", 2, ["--resume", good],
              "is at step 1 and --steps 1 counts every step from the start"),
+            # Mixture of experts (issue 23); the first two are refused before the layout, so one rank shows them.
+            ("experts that ep does not divide", 1, ["--moe-experts", "3", "--ep", "2"],
+             "--moe-experts 3 do not divide over --ep 2"),
+            ("a top-k above the experts", 1, ["--moe-experts", "2", "--moe-top-k", "3"],
+             "--moe-top-k 3 is more than the 2 experts"),
+            ("an ep that does not divide the expert data-parallel ranks", 2, ["--moe-experts", "6", "--ep", "3"],
+             "expert-tp=1 x ep=3 x pp=1 = 3 does not divide the world size 2"),
             ("a resume on another global batch", 2, ["--resume", good, "--steps", "2"],
              "was trained with a global batch of 1 sequences per step, but this run's default is 2 (dp 2 x "
              "micro-batch 1): give --global-batch 1"),

@@ -268,3 +268,45 @@ TEST_CASE("the tuner is told train_gpt runs selective and full recomputation, so
   // With memory to spare it keeps every activation (recomputation only costs time).
   CHECK(plan_layout(m, two_ranks(1e12), 4).layout.recompute_mode == weft::tune::recompute::none);
 }
+
+TEST_CASE("an MoE model's blocks i % moe_every == 0 hold a router and E experts, named as issue 23 writes them") {
+  gpt_config m = shape();  // 4 layers, hidden 64
+  m.moe_experts = 3, m.moe_top_k = 2, m.moe_every = 2;
+  std::map<std::string, std::vector<std::int64_t>> whole;
+  for (const param_spec& p : whole_parameters(m)) whole[p.name] = p.whole;
+  for (int layer : {0, 2}) {
+    const std::string h = "h." + std::to_string(layer) + ".mlp.";
+    CHECK(whole.count(h + "c_fc.weight") == 0);
+    CHECK(whole.at(h + "router.weight") == std::vector<std::int64_t>{3, 64});
+    for (int e = 0; e < 3; ++e) {
+      const std::string x = h + "experts." + std::to_string(e) + ".";
+      CHECK(whole.at(x + "c_fc.weight") == std::vector<std::int64_t>{64, 256});  // GPT-2's Conv1D: [in, out]
+      CHECK(whole.at(x + "c_fc.bias") == std::vector<std::int64_t>{256});
+      CHECK(whole.at(x + "c_proj.weight") == std::vector<std::int64_t>{256, 64});
+      CHECK(whole.at(x + "c_proj.bias") == std::vector<std::int64_t>{64});
+    }
+    CHECK(whole.count(h + "experts.3.c_fc.weight") == 0);
+  }
+  for (int layer : {1, 3}) {  // dense blocks keep GPT-2's MLP
+    CHECK(whole.count("h." + std::to_string(layer) + ".mlp.c_fc.weight") == 1);
+    CHECK(whole.count("h." + std::to_string(layer) + ".mlp.router.weight") == 0);
+  }
+  std::int64_t total = 0;
+  for (const auto& [name, dims] : whole) total += elements_of(dims);
+  CHECK(total == m.parameter_count());
+  // Whole on every tp rank (each routes the same rows), and the metadata --init-from reads back.
+  for (const param_spec& p : rank_parameters(m, {.tp_rank = 1, .tp = 2}))
+    if (moe_param(p)) CHECK((p.split == tp_split::replicated && p.local_elements == static_cast<std::size_t>(elements_of(p.whole))));
+  const auto meta = config_metadata(m);
+  CHECK(meta.at("num_local_experts") == "3");
+  CHECK(meta.at("num_experts_per_tok") == "2");
+  CHECK(meta.at("moe_every") == "2");
+  weft::checkpoint::checkpoint_file f{meta, {}};
+  f.tensors.push_back(weft::checkpoint::make_record<float>("wte.weight", {256, 64}, std::vector<float>(256 * 64)));
+  f.tensors.push_back(weft::checkpoint::make_record<float>("wpe.weight", {64, 64}, std::vector<float>(64 * 64)));
+  const gpt_config read = config_from_file(f, "moe.safetensors", 32);
+  CHECK(read.moe_experts == 3);
+  CHECK(read.moe_top_k == 2);
+  CHECK(read.moe_every == 2);
+  CHECK(config_metadata(shape()).count("num_local_experts") == 0);  // dense files keep GPT-2's names only
+}
