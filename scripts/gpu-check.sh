@@ -102,6 +102,9 @@ grep -E '^ *[0-9]+/[0-9]+ Test +#' "$log" | sed -E 's/^ *[0-9]+\/[0-9]+ Test +#[
 grep -hE '^(pipeline p2p:|verdict:)|algbw|busbw' "$build/Testing/Temporary/LastTest.log" 2>/dev/null | sort -u | head -40 || true
 # train_gpt's CUDA operations, timed (bench/gpu_kernels), in the order they ran.
 grep -h '^gpu kernel:' "$build/Testing/Temporary/LastTest.log" 2>/dev/null | head -60 || true
+# train_gpt on the GPU: against the CPU trainer (tests/train_gpt/device_check.py), and GPT-2 small's
+# tokens/s and MFU (bench/gpu_train).
+grep -hE '^(first-step loss|gradients|20 steps|gpu train)[ :(]' "$build/Testing/Temporary/LastTest.log" 2>/dev/null | head -20 || true
 grep -E 'tests passed|tests failed' "$log" | tail -1 || true
 if [ "$status" -eq 124 ]; then
   echo "gpu-check: FAILED: the tests ran past the budget (${budget} s in all)"
