@@ -71,8 +71,8 @@ train_gpt::gpt_config model_shape(const train_gpt::options& o) {
 /// run (its layout and flags), and whether every rank sees a GPU (each rank probes its own CUDA
 /// runtime; the counts are all-reduced, so every rank decides alike and a refusal stops every rank
 /// with one message). Where the answer cannot be CUDA whatever the machine has (--device cpu, or
-/// auto in fp32 for a run the GPU trainer does not take: every run over several ranks), nothing
-/// is probed and nothing exchanged, so the CPU run starts as it always has.
+/// auto in fp32 for a run the GPU trainer does not take: tp, pp, cp, sharding, checkpoints, ...),
+/// nothing is probed and nothing exchanged, so the CPU run starts as it always has.
 train_gpt::device_kind job_device(const train_gpt::options& o, const train_gpt::run_layout& layout,
                                   weft::communicator<weft::mpi_backend>& world) {
   using train_gpt::device_kind;

@@ -54,7 +54,8 @@ device_ptr<T> device_alloc(std::size_t n) {
   return device_ptr<T>(static_cast<T*>(p));
 }
 
-/// GPT-2 on one GPU: parameters, gradients, moments and activations on the device.
+/// One rank's GPT-2 on its GPU: parameters, AdamW's moments and activations on the device; the
+/// gradients where bind_gradients() points (the synchronizer's buffer).
 class one_gpu_model {
  public:
   one_gpu_model(const gpt_config& m, int micro_batch, cuda::kernels& k)
