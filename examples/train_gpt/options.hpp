@@ -12,6 +12,7 @@
 #include <weft/tune/layout.hpp>
 
 #include "data.hpp"
+#include "device.hpp"
 #include "gpt_config.hpp"
 
 namespace train_gpt {
@@ -49,6 +50,12 @@ run
                          default: llm.c shards by their header, other files text
   --val-data FILE|GLOB   validation data (the same format): with --val-every N, the loss of its first
                          --val-steps global batches (default 4) every N steps and after the last
+device
+  --device KIND          auto (default: CUDA when train_gpt is built with it, every rank sees a GPU and the
+                         GPU trainer takes the run: dp alone, fp32, no checkpoints; else the CPU), cpu or
+                         cuda (refused, with the reason, where it cannot run)
+  --precision P          fp32 (default) or bf16, a GPU precision (bf16 parameters and activations, fp32
+                         master weights and optimizer state); not on the GPU trainer yet: refused
 layout (degrees multiply to the ranks; dp defaults to ranks / (tp pp cp))
   --tp N --pp N --dp N --cp N --vp N   tensor, pipeline, data, context parallel degrees; virtual stages per rank
   --ep N                 expert parallel degree (MoE): each MoE block's experts are computed over N ranks
@@ -106,6 +113,8 @@ struct options {
   std::optional<std::string> data, val_data;
   data_format format = data_format::detect;
   int val_every = 0, val_steps = 4;
+  device_kind device = device_kind::automatic;
+  precision_kind precision = precision_kind::fp32;
   int tp = 1, pp = 1, dp = 0, cp = 1, vp = 1;
   int ep = 1;
   double moe_capacity_factor = 0, moe_aux_loss_coef = 0.01, moe_z_loss_coef = 0.001;
@@ -196,6 +205,22 @@ inline options parse_options(int argc, char** argv) {
     else if (flag == "--moe-aux-loss-coef") o.moe_aux_loss_coef = real(0, 1e6);
     else if (flag == "--moe-z-loss-coef") o.moe_z_loss_coef = real(0, 1e6);
     else if (flag == "--ep") o.ep = integer(1, 1 << 20);
+    else if (flag == "--device") {
+      const std::string d = value();
+      const auto parsed = parse_device(d);
+      if (!parsed)
+        throw usage_error("--device '" + d + "' is not a device train_gpt runs on: use auto, cpu or cuda" +
+                          weft_programs::did_you_mean(d, weft_programs::listed_words("auto, cpu, cuda")));
+      o.device = *parsed;
+    }
+    else if (flag == "--precision") {
+      const std::string p = value();
+      const auto parsed = parse_precision(p);
+      if (!parsed)
+        throw usage_error("--precision '" + p + "' is not a precision train_gpt trains in: use fp32 or bf16" +
+                          weft_programs::did_you_mean(p, weft_programs::listed_words("fp32, bf16")));
+      o.precision = *parsed;
+    }
     else if (flag == "--tp") o.tp = integer(1, 1 << 20);
     else if (flag == "--pp") o.pp = integer(1, 1 << 20);
     else if (flag == "--dp") o.dp = integer(1, 1 << 20);

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <thread>
 #include <optional>
+#include <span>
 #include <string>
 
 #include <weft/backend/mpi/backend.hpp>
@@ -22,6 +23,8 @@
 
 #include "checkpoint_io.hpp"
 #include "command_line.hpp"
+#include "device.hpp"
+#include "device_support.hpp"
 #include "options.hpp"
 #include "planning.hpp"
 #include "trainer.hpp"
@@ -62,6 +65,32 @@ train_gpt::gpt_config model_shape(const train_gpt::options& o) {
   }
   m.vocab_divisible_by = o.vocab_divisible_by;  // padding is the run's, not the file's (files hold the true vocabulary)
   return m;
+}
+
+/// --device and --precision against what the job has: whether the trainer on the GPU takes the
+/// run (its layout and flags), and whether every rank sees a GPU (each rank probes its own CUDA
+/// runtime; the counts are all-reduced, so every rank decides alike and a refusal stops every rank
+/// with one message). Where the answer cannot be CUDA whatever the machine has (--device cpu, or
+/// auto in fp32 for a run the GPU trainer does not take: tp, pp, cp, sharding, checkpoints, ...),
+/// nothing is probed and nothing exchanged, so the CPU run starts as it always has.
+train_gpt::device_kind job_device(const train_gpt::options& o, const train_gpt::run_layout& layout,
+                                  weft::communicator<weft::mpi_backend>& world) {
+  using train_gpt::device_kind;
+  train_gpt::cuda_availability job = train_gpt::probe_cuda(/*count_devices=*/false);
+  job.trainer_refusal = train_gpt::cuda_trainer_refusal(o, layout.degrees(), world.size());
+  const bool machine_decides =
+      job.runtime && (o.device == device_kind::cuda ||
+                      (o.device == device_kind::automatic &&
+                       (!job.trainer_refusal || o.precision == train_gpt::precision_kind::bf16)));
+  if (!machine_decides) return train_gpt::choose_device(o.device, o.precision, job);
+  const train_gpt::cuda_availability here = train_gpt::probe_cuda(/*count_devices=*/true);
+  // The fewest GPUs of any rank, and the first rank that sees none (world.size(): none lacks one).
+  int counts[2] = {here.gpus, here.gpus > 0 ? world.size() : world.rank()};
+  world.all_reduce(std::span<int>(counts), weft::reduce_op::min);
+  job.gpus = counts[0];
+  job.rank_without = counts[1] < world.size() ? counts[1] : -1;
+  if (counts[1] == world.rank()) job.detail = here.detail;  // the first such rank's own words
+  return train_gpt::choose_device(o.device, o.precision, job);
 }
 
 int run(const train_gpt::options& o) {
@@ -111,6 +140,8 @@ int run(const train_gpt::options& o) {
   } catch (const std::runtime_error& e) {
     throw input_error(e.what());
   }
+  if (job_device(run_options, layout, world) == train_gpt::device_kind::cuda)
+    return train_gpt::train_on_cuda(run_options, m, layout, *data);
   std::optional<double> predicted;
   if (hardware) {
     weft::tune::layout_choice choice = layout.choice;

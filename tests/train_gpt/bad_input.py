@@ -49,7 +49,17 @@ def main():
         wrong_magic = shard("magic.bin", tokens, magic=1234)
         truncated_shard = shard("short.bin", tokens, cut=7)
         big_token = shard("big.bin", tokens[:100] + [300] + tokens[101:])
+        # --device cuda without a GPU says why it cannot train on one (where a GPU is visible the
+        # run trains: tests/train_gpt/device_check.py, label gpu, covers that).
+        gpu_visible = shutil.which("nvidia-smi") is not None and subprocess.run(
+            ["nvidia-smi", "-L"], capture_output=True, text=True).stdout.startswith("GPU ")
         cases = [
+            ("an unknown device", 2, ["--device", "gpu"],
+             "--device 'gpu' is not a device train_gpt runs on: use auto, cpu or cuda"),
+            ("bf16 on the CPU", 2, ["--device", "cpu", "--precision", "bf16"],
+             "--precision bf16 trains on GPUs only (bf16 parameters and activations, fp32 master weights), and "
+             "--device cpu computes in fp32 only: drop --precision bf16"),
+            ("bf16 where auto chooses the CPU", 2, ["--precision", "bf16"], "and --device auto chose the CPU: "),
             ("a token shard with the wrong magic", 2, ["--data", wrong_magic],
              f"'{wrong_magic}' is not an llm.c token shard: its first int32 is 1234, not the magic 20240520"),
             ("a truncated token shard", 2, ["--data", truncated_shard],
@@ -110,6 +120,8 @@ def main():
              "was trained with a global batch of 1 sequences per step, but this run's default is 2 (dp 2 x "
              "micro-batch 1): give --global-batch 1"),
         ]
+        if not gpu_visible:
+            cases.append(("--device cuda without a GPU", 2, ["--device", "cuda"], "--device cuda: no GPU to train on: "))
         for what, ranks, flags, fragment in cases:
             command = launch + ["-n", str(ranks), train_gpt] + SMALL + ["--steps", "1"] + flags
             try:

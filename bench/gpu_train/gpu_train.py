@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""train_gpt on one GPU at GPT-2 small's size: tokens/s and MFU.
+
+  gpu_train.py --train-gpt PATH [--steps N] [--micro-batch B] [--peak-tflops X]
+
+Runs `train_gpt --device cuda --model gpt2 --seq 1024` (124.4 M parameters, 12 layers, hidden 768,
+vocabulary 50257) for N steps of B sequences and reads its summary line (the median step).
+
+FLOP convention (PaLM's, as llm.c reports MFU): per token, 6 N for the products with the weights
+(N = every parameter, 124.4 M; the tied embedding counted once, as the output layer's product: its
+lookup costs nothing) plus 12 L T C for attention (the scores and their weighted sum, forward and
+backward, the causal mask's skipped half counted), L = 12 layers, T = 1024, C = 768. MFU = tokens/s
+x FLOP per token / the GPU's dense peak (--peak-tflops; default 989, an H200's or H100 SXM's dense
+bf16 tensor-core peak, the peak the 45 % target is stated against).
+
+train_gpt's GPU trainer computes in fp32 (CUDA cores for attention, cuBLASLt's exact fp32 for the
+products), so this MFU is against a peak the run cannot use; it is printed with the precision.
+"""
+import argparse
+import re
+import subprocess
+import sys
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--train-gpt", required=True)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--micro-batch", type=int, default=8)
+    parser.add_argument("--peak-tflops", type=float, default=989.0)
+    args = parser.parse_args()
+    layers, hidden, seq, vocab, positions = 12, 768, 1024, 50257, 1024
+    params = vocab * hidden + positions * hidden + layers * (12 * hidden * hidden + 13 * hidden) + 2 * hidden
+    flop_per_token = 6 * params + 12 * layers * seq * hidden
+    command = [args.train_gpt, "--device", "cuda", "--model", "gpt2", "--seq", str(seq), "--micro-batch",
+               str(args.micro_batch), "--global-batch", str(args.micro_batch), "--steps", str(args.steps), "--quiet"]
+    print("gpu train: " + " ".join(command), flush=True)
+    r = subprocess.run(command, capture_output=True, text=True)
+    sys.stdout.write(r.stdout)
+    if r.returncode != 0:
+        sys.stdout.write(r.stderr[-3000:])
+        print(f"gpu train: FAILED: train_gpt exited with {r.returncode}")
+        return 1
+    done = re.search(r"^done: .* median step ([0-9.]+) ms, ([0-9.]+) tokens/s", r.stdout, re.M)
+    precision = re.search(r"on one GPU in (\w+)", r.stdout)
+    if not done:
+        print("gpu train: FAILED: no summary line ('done: ... median step X ms, Y tokens/s') in train_gpt's output")
+        return 1
+    step_ms, tokens_per_s = float(done.group(1)), float(done.group(2))
+    tflops = tokens_per_s * flop_per_token / 1e12
+    print(f"gpu train: GPT-2 small ({params / 1e6:.1f} M parameters), seq {seq}, {args.micro_batch} sequences a step, "
+          f"{precision.group(1) if precision else '?'}: median step {step_ms:.1f} ms, {tokens_per_s:.0f} tokens/s, "
+          f"{flop_per_token / 1e9:.3f} GFLOP a token, {tflops:.1f} TFLOP/s, MFU {100 * tflops / args.peak_tflops:.1f} % "
+          f"of {args.peak_tflops:.0f} TFLOP/s")
+    print("gpu train: done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""train_gpt on GPUs (--device cuda, fp32) against the CPU trainer (needs a GPU: label gpu).
+
+  device_check.py [--rank-wrapper SCRIPT] TRAIN_GPT LAUNCH...
+
+1. the first step's loss and every gradient (--dump-grads) of --device cuda against --device cpu on
+   the same weights and tokens (one CPU rank), two micro-batches of two sequences: on one GPU
+   (gradient accumulation, and attention over each sequence of a micro-batch) and as dp 2 (the
+   synchronizer summing over NCCL): the loss within 1e-5 relative, each gradient within 1e-3 of
+   its largest element (the products and sums run in other orders, GELU and the loss use the GPU's
+   exp; a wrong term or index is off by the gradient's own size);
+2. 20 steps on each: every loss within 2e-4 relative of the CPU's (AdamW compounds the first
+   step's rounding);
+3. two GPU runs print the same 20 losses to the last digit (every kernel is deterministic);
+4. the GPU's refusals name what to do: tp 2, --precision bf16, --save.
+
+--rank-wrapper runs each rank of the two-rank runs through SCRIPT (tests/nccl/per_rank_hostid.sh,
+where the ranks share one GPU).
+"""
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+import tempfile
+
+MODEL = ["--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "32", "--positions", "64", "--seed", "7",
+         "--micro-batch", "2", "--global-batch", "4", "--lr", "3e-3"]
+
+
+def run(command, expect=0):
+    r = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    if r.returncode != expect:
+        sys.stderr.write(r.stdout[-4000:] + r.stderr[-4000:])
+        sys.exit(f"device_check: '{' '.join(command)}' exited with {r.returncode}, not {expect}")
+    return r.stdout + r.stderr
+
+
+def floats(path):
+    """name -> list of float32 values of each F32 tensor of a safetensors file (standard library only)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    header.pop("__metadata__", None)
+    body = data[8 + n:]
+    out = {}
+    for name, info in header.items():
+        if info["dtype"] != "F32":
+            continue
+        a, b = info["data_offsets"]
+        out[name] = struct.unpack(f"<{(b - a) // 4}f", body[a:b])
+    return out
+
+
+def losses(text):
+    return [m.group(1) for m in re.finditer(r"^step \d+/\d+ \| loss ([0-9.]+)", text, re.M)]
+
+
+def compare(cpu, gpu, what, failures):
+    """The loss and every gradient of a GPU dump against the CPU's."""
+    if sorted(cpu) != sorted(gpu):
+        failures.append(f"{what}: the dumps hold different tensors: {sorted(set(cpu) ^ set(gpu))}")
+    loss_error = abs(gpu["loss"][0] - cpu["loss"][0]) / abs(cpu["loss"][0])
+    print(f"first-step loss ({what}): cpu {cpu['loss'][0]:.7f} cuda {gpu['loss'][0]:.7f} (relative {loss_error:.1e})")
+    if loss_error > 1e-5:
+        failures.append(f"{what}: loss: cuda {gpu['loss'][0]} against cpu {cpu['loss'][0]}")
+    worst = 0.0
+    for name in sorted(cpu):
+        if name == "loss" or name not in gpu:
+            continue
+        scale = max(abs(v) for v in cpu[name]) or 1.0
+        error = max(abs(a - b) for a, b in zip(cpu[name], gpu[name])) / scale
+        worst = max(worst, error)
+        if error > 1e-3 or len(cpu[name]) != len(gpu[name]):
+            failures.append(f"{what}: gradient {name}: off by {error:.2e} of its largest element {scale:.3e}")
+    print(f"gradients ({what}): {len(cpu) - 1} tensors, worst error {worst:.1e} of the tensor's largest element")
+
+
+def main():
+    args = sys.argv[1:]
+    wrapper = []
+    if args[:1] == ["--rank-wrapper"]:
+        wrapper, args = [args[1]], args[2:]
+    train_gpt, launch = args[0], args[1:]
+    one = launch + ["-n", "1", train_gpt]
+    two = launch + ["-n", "2"] + wrapper + [train_gpt]
+    failures = []
+    with tempfile.TemporaryDirectory() as tmp:
+        dumps = {}
+        for what, command in (("cpu", one + ["--device", "cpu"]), ("cuda", one + ["--device", "cuda"]),
+                              ("cuda dp2", two + ["--device", "cuda", "--dp", "2"])):
+            path = os.path.join(tmp, what.replace(" ", "_") + ".safetensors")
+            out = run(command + MODEL + ["--steps", "1", "--dump-grads", path, "--quiet"])
+            if what != "cpu" and "GPU(s) in fp32" not in out:
+                failures.append(f"{what}: --device cuda did not say it trains on GPUs:\n" + out[-2000:])
+            dumps[what] = floats(path)
+        compare(dumps["cpu"], dumps["cuda"], "cuda", failures)
+        compare(dumps["cpu"], dumps["cuda dp2"], "cuda dp2", failures)
+
+        curves = {}
+        for device, tag in (("cpu", "cpu"), ("cuda", "cuda"), ("cuda", "cuda again")):
+            curves[tag] = losses(run(one + MODEL + ["--device", device, "--steps", "20"]))
+        if len(curves["cpu"]) != 20 or len(curves["cuda"]) != 20:
+            failures.append(f"20 steps printed {len(curves['cpu'])} (cpu) and {len(curves['cuda'])} (cuda) losses")
+        drift = max((abs(float(g) - float(c)) / float(c) for c, g in zip(curves["cpu"], curves["cuda"])), default=1.0)
+        print(f"20 steps: cpu {curves['cpu'][-1:]} cuda {curves['cuda'][-1:]}, largest relative difference {drift:.1e}")
+        if drift > 2e-4:
+            failures.append(f"the cuda curve left the cpu's by {drift:.2e} (bound 2e-4)")
+        if curves["cuda"] != curves["cuda again"]:
+            failures.append("two cuda runs printed different losses: " +
+                            str([(a, b) for a, b in zip(curves["cuda"], curves["cuda again"]) if a != b][:3]))
+
+        refusals = [
+            (two + MODEL + ["--device", "cuda", "--tp", "2", "--steps", "1"],
+             "--device cuda: the trainer on the GPU runs data parallelism alone"),
+            (one + MODEL + ["--device", "cuda", "--precision", "bf16", "--steps", "1"],
+             "--device cuda: the trainer on the GPU trains in fp32"),
+            (one + MODEL + ["--device", "cuda", "--steps", "1", "--save", os.path.join(tmp, "m.safetensors")],
+             "--device cuda: the trainer on the GPU does not take --save"),
+        ]
+        for command, fragment in refusals:
+            text = run(command, expect=1)
+            if sum(fragment in line for line in text.splitlines()) != 1:
+                failures.append(f"'{' '.join(command)}' did not say '{fragment}' once:\n{text[-2000:]}")
+    if failures:
+        print("device_check: FAILED:\n" + "\n".join(failures))
+        return 1
+    print("device_check: the GPU trainer agrees with the CPU trainer")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+// --device and --precision against what a job has (train_gpt's choose_device, pure): which device
+// each combination trains on, and the one message for each that cannot run; and which runs the
+// trainer on GPUs takes (cuda_trainer_refusal, pure).
+#include <catch2/catch.hpp>
+
+#include <optional>
+#include <string>
+
+#include "device.hpp"
+#include "device_support.hpp"
+
+using namespace train_gpt;
+
+namespace {
+
+cuda_availability cpu_build() { return {}; }
+cuda_availability cuda_build(int gpus, std::optional<std::string> refusal = std::nullopt, int rank_without = -1,
+                             std::string detail = "") {
+  cuda_availability a;
+  a.runtime = true;
+  a.gpus = gpus;
+  a.rank_without = gpus == 0 && rank_without < 0 ? 0 : rank_without;
+  a.detail = std::move(detail);
+  a.trainer_refusal = std::move(refusal);
+  return a;
+}
+
+std::string refusal(device_kind d, precision_kind p, const cuda_availability& a) {
+  try {
+    (void)choose_device(d, p, a);
+  } catch (const weft_programs::input_error& e) {
+    return e.what();
+  }
+  return "(accepted)";
+}
+
+weft::layout::layout_spec one_rank() {
+  weft::layout::layout_spec d;
+  d.world_size = 1;
+  d.dp = 1;
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("the flags' words") {
+  CHECK(parse_device("auto") == device_kind::automatic);
+  CHECK(parse_device("cpu") == device_kind::cpu);
+  CHECK(parse_device("cuda") == device_kind::cuda);
+  CHECK_FALSE(parse_device("gpu").has_value());
+  CHECK(parse_precision("fp32") == precision_kind::fp32);
+  CHECK(parse_precision("bf16") == precision_kind::bf16);
+  CHECK_FALSE(parse_precision("fp16").has_value());
+}
+
+TEST_CASE("auto trains on CUDA only when every rank sees a GPU and the GPU trainer takes the run") {
+  const auto fp32 = precision_kind::fp32;
+  CHECK(choose_device(device_kind::automatic, fp32, cpu_build()) == device_kind::cpu);
+  CHECK(choose_device(device_kind::automatic, fp32, cuda_build(0)) == device_kind::cpu);
+  CHECK(choose_device(device_kind::automatic, fp32, cuda_build(1, "it runs dp alone")) == device_kind::cpu);
+  CHECK(choose_device(device_kind::automatic, fp32, cuda_build(8)) == device_kind::cuda);
+  // One rank without a GPU keeps the whole job on CPUs (the fewest GPUs of any rank is then 0).
+  CHECK(choose_device(device_kind::automatic, fp32, cuda_build(0, std::nullopt, 3)) == device_kind::cpu);
+  CHECK(choose_device(device_kind::cpu, fp32, cuda_build(8)) == device_kind::cpu);
+  CHECK(choose_device(device_kind::cuda, fp32, cuda_build(1)) == device_kind::cuda);
+}
+
+TEST_CASE("--device cuda that cannot train on a GPU is refused with the reason") {
+  const auto fp32 = precision_kind::fp32;
+  CHECK(refusal(device_kind::cuda, fp32, cpu_build()) ==
+        "--device cuda: no GPU to train on: this train_gpt was built without CUDA (weft builds its CUDA path where "
+        "CMake finds the CUDA toolkit and NCCL; docs/train_gpt.md, \"On GPUs\"): run on a GPU node, or use --device cpu");
+  CHECK(refusal(device_kind::cuda, fp32,
+                cuda_build(0, std::nullopt, 0, "GPU selection: no GPU is visible to this process")) ==
+        "--device cuda: no GPU to train on: no CUDA GPU is visible to rank 0 (GPU selection: no GPU is visible to this "
+        "process): run on a GPU node, or use --device cpu");
+  CHECK(refusal(device_kind::cuda, fp32, cuda_build(0, std::nullopt, 5)) ==
+        "--device cuda: no GPU to train on: no CUDA GPU is visible to rank 5: run on a GPU node, or use --device cpu");
+  // With GPUs, a run the GPU trainer does not take gets its reason.
+  CHECK(refusal(device_kind::cuda, fp32, cuda_build(4, "the trainer on the GPU runs data parallelism alone")) ==
+        "--device cuda: the trainer on the GPU runs data parallelism alone");
+  // Without them, the missing GPU is said first (it is what to fix before anything else).
+  CHECK(refusal(device_kind::cuda, fp32, cuda_build(0, "the trainer on the GPU runs data parallelism alone")).find(
+            "no GPU to train on") != std::string::npos);
+}
+
+TEST_CASE("--precision bf16 is refused where the run trains on the CPU") {
+  const auto bf16 = precision_kind::bf16;
+  CHECK(refusal(device_kind::cpu, bf16, cuda_build(8)) ==
+        "--precision bf16 trains on GPUs only (bf16 parameters and activations, fp32 master weights), and --device "
+        "cpu computes in fp32 only: drop --precision bf16 to train in fp32 on the CPU");
+  CHECK(refusal(device_kind::automatic, bf16, cpu_build()).find(
+            "and --device auto chose the CPU: this train_gpt was built without CUDA") != std::string::npos);
+  CHECK(refusal(device_kind::automatic, bf16, cuda_build(0, std::nullopt, 1)).find(
+            "and --device auto chose the CPU: no CUDA GPU is visible to rank 1:") != std::string::npos);
+  CHECK(refusal(device_kind::automatic, bf16, cuda_build(2, "the trainer on the GPU trains in fp32")).find(
+            "and --device auto chose the CPU: the trainer on the GPU trains in fp32") != std::string::npos);
+}
+
+TEST_CASE("the trainer on GPUs takes data parallelism in fp32 without checkpoints, and says what to do otherwise") {
+  options o;
+  CHECK_FALSE(cuda_trainer_refusal(o, one_rank(), 1).has_value());
+  o.micro_batch = 4;
+  o.global_batch = 8;  // gradient accumulation is the GPU trainer's too
+  CHECK_FALSE(cuda_trainer_refusal(o, one_rank(), 1).has_value());
+
+  // Data parallelism is the GPU trainer's (the synchronizer over NCCL); the other degrees are not.
+  weft::layout::layout_spec dp2 = one_rank();
+  dp2.world_size = 2, dp2.dp = 2;
+  CHECK_FALSE(cuda_trainer_refusal(o, dp2, 2).has_value());
+  weft::layout::layout_spec tp2 = one_rank();
+  tp2.world_size = 2, tp2.tp = 2;
+  CHECK(cuda_trainer_refusal(o, tp2, 2) ==
+        std::string("the trainer on the GPU runs data parallelism alone (tp, pp and cp 1, one GPU a rank), and this "
+                    "run has 2 ranks as tp 2 pp 1 dp 1 cp 1: use --dp alone, or --device cpu for tensor, pipeline and "
+                    "context parallelism"));
+  for (int weft::layout::layout_spec::*degree : {&weft::layout::layout_spec::pp, &weft::layout::layout_spec::cp,
+                                                 &weft::layout::layout_spec::ep,
+                                                 &weft::layout::layout_spec::virtual_stages}) {
+    weft::layout::layout_spec d = one_rank();
+    d.*degree = 2;
+    CHECK(cuda_trainer_refusal(o, d, 2).value_or("").find("runs data parallelism alone") != std::string::npos);
+  }
+
+  options bf16;
+  bf16.precision = precision_kind::bf16;
+  CHECK(cuda_trainer_refusal(bf16, one_rank(), 1).value_or("").find("trains in fp32") != std::string::npos);
+  options zero3;
+  zero3.sharding = weft::tune::sharding::full;
+  CHECK(cuda_trainer_refusal(zero3, one_rank(), 1).value_or("").find("drop --sharding and --recompute") !=
+        std::string::npos);
+  options saving;
+  saving.save_dir = "ckpt";
+  CHECK(cuda_trainer_refusal(saving, one_rank(), 1).value_or("").find("does not take --save-dir") != std::string::npos);
+  options resuming;
+  resuming.resume = "gpt.safetensors";
+  CHECK(cuda_trainer_refusal(resuming, one_rank(), 1).value_or("").find("does not take --resume") != std::string::npos);
+}
