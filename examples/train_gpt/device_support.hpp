@@ -1,9 +1,8 @@
 #pragma once
 // What the trainer on GPUs (cuda/trainer.cpp) takes: data parallelism alone (one GPU a rank), fp32,
-// every activation and the whole optimizer state on each GPU, no checkpoints, validation, traces
-// or JSON logs. A pure
-// check of the flags and the resolved layout, so its messages are testable on a CPU and every rank
-// decides alike.
+// the dense model, every activation and the whole optimizer state on each GPU, no checkpoints,
+// validation, traces or JSON logs. A pure check of the flags and the resolved layout, so its
+// messages are testable on a CPU and every rank decides alike.
 
 #include <optional>
 #include <string>
@@ -26,6 +25,9 @@ inline std::optional<std::string> cuda_trainer_refusal(const options& o, const w
            std::to_string(world_size) + " ranks as tp " + std::to_string(d.tp) + " pp " + std::to_string(d.pp) +
            " dp " + std::to_string(d.dp) + " cp " + std::to_string(d.cp) +
            ": use --dp alone, or --device cpu for tensor, pipeline and context parallelism";
+  if (o.model.moe_experts > 0)
+    return std::string("the trainer on the GPU runs the dense model (no mixture of experts on it yet): drop "
+                       "--moe-experts, or use --device cpu");
   if (o.precision != precision_kind::fp32)
     return std::string("the trainer on the GPU trains in fp32 (bf16 is not on it yet): drop --precision bf16");
   if (o.sharding != weft::tune::sharding::none || o.recompute != weft::tune::recompute::none)

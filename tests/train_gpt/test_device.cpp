@@ -125,6 +125,9 @@ TEST_CASE("the trainer on GPUs takes data parallelism in fp32 without checkpoint
   options bf16;
   bf16.precision = precision_kind::bf16;
   CHECK(cuda_trainer_refusal(bf16, one_rank(), 1).value_or("").find("trains in fp32") != std::string::npos);
+  options experts;
+  experts.model.moe_experts = 4;
+  CHECK(cuda_trainer_refusal(experts, one_rank(), 1).value_or("").find("drop --moe-experts") != std::string::npos);
   options zero3;
   zero3.sharding = weft::tune::sharding::full;
   CHECK(cuda_trainer_refusal(zero3, one_rank(), 1).value_or("").find("drop --sharding and --recompute") !=
