@@ -63,11 +63,15 @@ export OPENBLAS_NUM_THREADS=1
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWEFT_SANITIZE="$flags" \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
   -DWEFT_WITH_NCCL=OFF -DWEFT_BUILD_BENCHMARKS=OFF -DWEFT_WARNINGS_AS_ERRORS=OFF >/dev/null
+started=$SECONDS
 if [ -n "${targets+x}" ]; then
   cmake --build "$build" --parallel "$(nproc)" --target "${targets[@]}"
 else
   cmake --build "$build" --parallel "$(nproc)"
 fi
+echo "sanitize.sh $kind: built in $((SECONDS - started)) s"
+started=$SECONDS
+trap 'echo "sanitize.sh $kind: tests ran $((SECONDS - started)) s"' EXIT
 run_tests() { ctest --test-dir "$build" --output-on-failure "$@" --parallel 1 --timeout 900; }
 if [ "$kind" = address ]; then
   rc=0
