@@ -57,8 +57,11 @@ else
   echo "weft: the multinode tests will be skipped: ${cluster_says:-exit status $?}"
 fi
 phase "main tests"
-# GPU tests need a GPU: run them on a GPU machine with `ctest -L gpu`.
-ctest --test-dir "$build" --output-on-failure --label-exclude gpu --parallel 1 --timeout 600
+# GPU tests need a GPU: run them on a GPU machine with `ctest -L gpu`. One test per core: a
+# multi-rank test claims a core per rank (PROCESSORS), so on 2 cores the single-process tests run
+# two at a time and each multi-rank test alone; the timing-sensitive ones (fault, bench, multinode,
+# the watchdog's signals) are RUN_SERIAL on any machine.
+ctest --test-dir "$build" --output-on-failure --label-exclude gpu --parallel "$(nproc)" --timeout 600
 # The same tests under AddressSanitizer + UndefinedBehaviorSanitizer, and the threaded ones under
 # ThreadSanitizer (docs/testing.md). WEFT_SANITIZERS=0 skips them for a quick local run.
 if [ "${WEFT_SANITIZERS:-1}" != 0 ]; then
