@@ -3,9 +3,13 @@
 #   weft_add_executable(name SOURCES ... [LIBS ...])        an executable with weft's warning flags
 #   weft_add_unit_test(name SOURCES ... [LIBS ...] [LABELS ...] [TIMEOUT s])
 #       a single-process Catch2 test, registered as `name`
-#   weft_add_mpi_test(name SOURCES ... RANKS 2 4 8 [LIBS ...] [LABELS ...] [TIMEOUT s])
+#   weft_add_mpi_test(name SOURCES ... RANKS 2 4 8 [SANITIZE_RANKS n] [LIBS ...] [LABELS ...] [TIMEOUT s])
 #       a multi-rank Catch2 test, registered once per rank count as `name.np<N>`, run through
 #       mpiexec --oversubscribe under a timeout so a hang is a failure, never a stuck run.
+#       Each entry claims as many of CTest's processors as it has ranks (`ctest --parallel`).
+#       The ASan + UBSan run (scripts/sanitize.sh) runs one rank count of the program,
+#       SANITIZE_RANKS (default: the largest count up to 4, which runs every case that needs
+#       several groups); the other counts are labelled `extra_ranks` and run in the main build only.
 
 # The environment every multi-rank run needs on a developer machine or CI: root is allowed,
 # more ranks than cores, and all traffic stays on loopback.
@@ -100,8 +104,33 @@ function(weft_add_unit_test name)
   set_tests_properties(${name} PROPERTIES TIMEOUT ${arg_TIMEOUT} LABELS "unit;${arg_LABELS}")
 endfunction()
 
+# weft_sanitize_ranks(out "RANKS" "CHOSEN"): the one rank count of a multi-rank test that the
+# ASan + UBSan run runs: CHOSEN if given (it must be one of RANKS), else the largest count up to 4
+# (else the smallest). Under ASan a rank count costs far more than in the main build (test_collectives
+# at 4 ranks: 78 s against 4 s), and the main build runs every count.
+function(weft_sanitize_ranks out ranks chosen)
+  if(chosen)
+    if(NOT chosen IN_LIST ranks)
+      message(FATAL_ERROR "SANITIZE_RANKS ${chosen} is not one of the rank counts (${ranks})")
+    endif()
+    set(${out} ${chosen} PARENT_SCOPE)
+    return()
+  endif()
+  set(best "")
+  foreach(np IN LISTS ranks)
+    if(np LESS_EQUAL 4 AND (best STREQUAL "" OR np GREATER best))
+      set(best ${np})
+    endif()
+  endforeach()
+  if(best STREQUAL "")
+    list(SORT ranks COMPARE NATURAL)
+    list(GET ranks 0 best)
+  endif()
+  set(${out} ${best} PARENT_SCOPE)
+endfunction()
+
 function(weft_add_mpi_test name)
-  cmake_parse_arguments(arg "" "TIMEOUT" "SOURCES;LIBS;LABELS;RANKS;ARGS" ${ARGN})
+  cmake_parse_arguments(arg "" "TIMEOUT;SANITIZE_RANKS" "SOURCES;LIBS;LABELS;RANKS;ARGS" ${ARGN})
   if(NOT TARGET weft_catch_mpi_main)
     message(FATAL_ERROR "weft_add_mpi_test(${name}) needs the MPI backend")
   endif()
@@ -113,14 +142,19 @@ function(weft_add_mpi_test name)
   endif()
   weft_add_executable(${name} SOURCES ${arg_SOURCES} LIBS weft_catch_mpi_main ${arg_LIBS})
   weft_use_test_pch(${name} "${arg_SOURCES}")
+  weft_sanitize_ranks(sanitize_np "${arg_RANKS}" "${arg_SANITIZE_RANKS}")
   foreach(np IN LISTS arg_RANKS)
+    set(labels mpi np${np} ${arg_LABELS})
+    if(NOT np EQUAL sanitize_np)
+      list(APPEND labels extra_ranks)
+    endif()
     add_test(NAME ${name}.np${np}
       COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --oversubscribe --bind-to none
               ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${name}> ${MPIEXEC_POSTFLAGS} ${arg_ARGS})
     set_tests_properties(${name}.np${np} PROPERTIES
       TIMEOUT ${arg_TIMEOUT}
-      PROCESSORS 2
-      LABELS "mpi;np${np};${arg_LABELS}"
+      PROCESSORS ${np}
+      LABELS "${labels}"
       ENVIRONMENT "${WEFT_MPI_TEST_ENVIRONMENT}")
   endforeach()
 endfunction()

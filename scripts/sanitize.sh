@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds weft's tests with sanitizers and runs them (part of scripts/test.sh; run alone to look closer).
 #   scripts/sanitize.sh address [build-dir]   AddressSanitizer + UndefinedBehaviorSanitizer: every
-#                                             unit and multi-rank test (default build/asan)
+#                                             unit and multi-rank test program, at one rank count
+#                                             (default build/asan)
 #   scripts/sanitize.sh thread [build-dir]    ThreadSanitizer: the tests of code that runs threads
 #                                             (progress threads, the gradient synchronizer, the
 #                                             communicator's async paths; default build/tsan)
@@ -15,9 +16,13 @@ case "$kind" in
   address)
     build="${2:-$root/build/asan}"
     flags="address,undefined"
-    # Which tests: all but GPU, the consumer projects (separate builds), the private Slurm, and
-    # those that preload a library (the sanitizer's runtime must come first).
-    excluded='gpu|consumer|slurm|preload'
+    # Which tests: all but GPU, the consumer projects (separate builds), the private Slurm, those
+    # that preload a library (the sanitizer's runtime must come first), the rank counts of a
+    # multi-rank program other than the one chosen for this run (extra_ranks: the main build runs
+    # them all; cmake/WeftTesting.cmake), and loops of short jobs that end at their first check
+    # (launch_loop: process starts, slow here, not code the other tests leave unchecked), and the
+    # programs that must not compile (compile: the compiler's diagnostics, which no sanitizer changes).
+    excluded='gpu|consumer|slurm|preload|extra_ranks|launch_loop|compile'
     asan="detect_leaks=1:abort_on_error=0:exitcode=23:detect_stack_use_after_return=0"
     lsan="suppressions=$supp/lsan.supp:print_suppressions=0"
     # Leak reports must name the library that allocated, or Open MPI's own cannot be suppressed:
@@ -63,15 +68,20 @@ export OPENBLAS_NUM_THREADS=1
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWEFT_SANITIZE="$flags" \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
   -DWEFT_WITH_NCCL=OFF -DWEFT_BUILD_BENCHMARKS=OFF -DWEFT_WARNINGS_AS_ERRORS=OFF >/dev/null
+started=$SECONDS
 if [ -n "${targets+x}" ]; then
   cmake --build "$build" --parallel "$(nproc)" --target "${targets[@]}"
 else
   cmake --build "$build" --parallel "$(nproc)"
 fi
-run_tests() { ctest --test-dir "$build" --output-on-failure "$@" --parallel 1 --timeout 900; }
+echo "sanitize.sh $kind: built in $((SECONDS - started)) s"
+started=$SECONDS
+trap 'echo "sanitize.sh $kind: tests ran $((SECONDS - started)) s"' EXIT
+run_tests() { ctest --test-dir "$build" --output-on-failure --parallel 1 --timeout 900 "$@"; }
 if [ "$kind" = address ]; then
   rc=0
-  (export "${without_open_mpi[@]}"; run_tests --label-regex '^unit$' --label-exclude "$excluded") || rc=$?
+  # The unit tests are single processes: one per core (the timing-sensitive ones are RUN_SERIAL).
+  (export "${without_open_mpi[@]}"; run_tests --label-regex '^unit$' --label-exclude "$excluded" --parallel "$(nproc)") || rc=$?
   (export "${with_open_mpi[@]}"; run_tests --label-exclude "unit|$excluded") || rc=$?
   exit "$rc"
 fi

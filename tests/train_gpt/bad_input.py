@@ -6,7 +6,10 @@
 Each case runs train_gpt on 2 or 4 ranks with one mistake and checks: a non-zero exit within the
 time limit (status 1, a mistake in the flags or files), the message (a fragment that says what was wrong and what to do) printed exactly once,
 and no traceback of an abort. The checkpoint cases first save a good checkpoint, then damage a copy.
+The cases are independent jobs that spend most of their time starting MPI, so two run at a time
+(the results are printed in the cases' order).
 """
+import concurrent.futures
 import os
 import shutil
 import struct
@@ -122,11 +125,17 @@ def main():
         ]
         if not gpu_visible:
             cases.append(("--device cuda without a GPU", 2, ["--device", "cuda"], "--device cuda: no GPU to train on: "))
-        for what, ranks, flags, fragment in cases:
+        def run_case(case):
+            what, ranks, flags, fragment = case
             command = launch + ["-n", str(ranks), train_gpt] + SMALL + ["--steps", "1"] + flags
             try:
-                r = subprocess.run(command, capture_output=True, text=True, timeout=60)
+                return command, subprocess.run(command, capture_output=True, text=True, timeout=60)
             except subprocess.TimeoutExpired:
+                return command, None
+        with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+            results = list(pool.map(run_case, cases))
+        for (what, ranks, flags, fragment), (command, r) in zip(cases, results):
+            if r is None:
                 failures.append(f"{what}: hung (no exit within 60 s): {' '.join(command)}")
                 continue
             text = r.stdout + r.stderr
