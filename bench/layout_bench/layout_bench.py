@@ -52,6 +52,14 @@ def layouts_that_fit(ranks, flags, global_batch):
     return out
 
 
+def failure_reason(stderr, returncode):
+    """The line of a failed run that says why: train_gpt's or weft's own message, not the launcher's
+    banner of dashes and "Primary job terminated" that mpiexec prints after it."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip() and set(line.strip()) != {"-"}]
+    own = [line for line in lines if line.startswith(("train_gpt", "weft"))]
+    return (own or lines or ["exit %d" % returncode])[0]
+
+
 def parse_layouts(text, ranks):
     out = []
     for item in text.split():
@@ -129,7 +137,7 @@ def main():
             r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
             row = dict(lay)
             if r.returncode != 0:
-                row["error"] = (r.stderr.strip().splitlines() or ["exit %d" % r.returncode])[-1]
+                row["error"] = failure_reason(r.stderr, r.returncode)
                 return row
             with open(log) as f:
                 steps = [json.loads(line) for line in f if line.strip()][2:]
