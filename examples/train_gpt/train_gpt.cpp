@@ -11,12 +11,15 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <thread>
 #include <optional>
 #include <span>
 #include <string>
 
 #include <weft/backend/mpi/backend.hpp>
+#include <weft/checkpoint/distributed.hpp>
+#include <weft/checkpoint/exchange.hpp>
 #include <weft/comm/communicator.hpp>
 #include <weft/launch/mpi_cross_check.hpp>
 #include <weft/launch/resolve.hpp>
@@ -170,6 +173,15 @@ int run(const train_gpt::options& o) {
   if (predicted && world.rank() == 0)
     std::printf("the tuner predicts %.1f ms per step for this layout on '%s'\n", *predicted * 1e3, o.hardware->c_str());
   try {
+    // Where checkpoints go is checked now, not at the first save steps later: --save-dir by every
+    // rank (each writes its part), --save's folder by rank 0 (it writes the whole file).
+    const auto exchange = weft::checkpoint::exchange_over(world);
+    if (o.save_dir) weft::checkpoint::check_writable(world.rank(), world.size(), exchange, *o.save_dir);
+    if (o.save) {
+      const std::filesystem::path folder = std::filesystem::path(*o.save).parent_path();
+      weft::checkpoint::check_writable(world.rank(), world.size(), exchange, folder.empty() ? "." : folder,
+                                       world.rank() == 0);
+    }
     if (o.resume) {
       trainer.resume(*o.resume);
     } else {

@@ -9,6 +9,7 @@
 
 #include "distributed_model.hpp"
 
+#include <array>
 #include <barrier>
 #include <chrono>
 #include <csignal>
@@ -315,6 +316,45 @@ TEST_CASE("a corrupt piece and a missing rank file are named", "[checkpoint][dis
   REQUIRE(reading_says);
   REQUIRE_THROWS_WITH(ckpt::distributed_checkpoint(root / "7"), Catch::Contains("does not exist"));
   REQUIRE_THROWS_WITH(ckpt::distributed_checkpoint(fresh_directory("empty")), Catch::Contains("holds no complete checkpoint"));
+}
+
+TEST_CASE("a folder checkpoints cannot be written to is named on every rank before any save", "[checkpoint][distributed][errors]") {
+  const fs::path root = fresh_directory("writable");
+  // A path below a regular file: no rank can make it (root, too, cannot).
+  const fs::path file = root / "a_file";
+  std::ofstream(file) << "x";
+  const fs::path bad = file / "ckpt";
+  // Each rank's message when two ranks check `folder`, rank r writing when writes[r].
+  const auto check = [](const fs::path& folder, std::array<bool, 2> writes) {
+    thread_exchange exchange(2);
+    std::array<std::string, 2> errors;
+    std::vector<std::thread> threads;
+    for (int rank = 0; rank < 2; ++rank) {
+      threads.emplace_back([&, rank] {
+        try {
+          ckpt::check_writable(rank, 2, exchange.for_rank(rank), folder, writes[static_cast<std::size_t>(rank)]);
+        } catch (const std::exception& e) {
+          errors[static_cast<std::size_t>(rank)] = e.what();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    return errors;
+  };
+  const auto both = check(bad, {true, true});
+  CHECK(both[0] == both[1]);  // the same message on every rank
+  CHECK(both[0].find("'" + bad.string() + "' is not a folder checkpoints can be written to") != std::string::npos);
+  CHECK(both[0].find("(ranks 0, 1 cannot make the folder (") != std::string::npos);
+  const auto rank0 = check(bad, {true, false});  // --save: rank 0 writes the file
+  CHECK(rank0[0] == rank0[1]);
+  CHECK(rank0[0].find("(rank 0 cannot make the folder (") != std::string::npos);
+  CHECK(rank0[0].find("rank 1") == std::string::npos);
+  const auto none = check(bad, {false, false});
+  CHECK((none[0].empty() && none[1].empty()));
+  const auto good = check(root / "good", {true, true});
+  CHECK((good[0].empty() && good[1].empty()));
+  CHECK(fs::is_directory(root / "good"));
+  CHECK(fs::is_empty(root / "good"));  // the check's files are gone
 }
 
 TEST_CASE("keep leaves the newest checkpoints, and a save of the same step replaces it", "[checkpoint][distributed]") {

@@ -119,6 +119,10 @@ def main():
              "--moe-top-k 3 is more than the 2 experts"),
             ("an ep that does not divide the expert data-parallel ranks", 2, ["--moe-experts", "6", "--ep", "3"],
              "expert-tp=1 x ep=3 x pp=1 = 3 does not divide the world size 2"),
+            ("a --save-dir that cannot be made", 2, ["--save-dir", os.path.join(good, "ckpt")],
+             f"'{os.path.join(good, 'ckpt')}' is not a folder checkpoints can be written to (ranks 0, 1 cannot make"),
+            ("a --save in a folder that cannot be made", 2, ["--save", os.path.join(good, "gpt.safetensors")],
+             f"'{good}' is not a folder checkpoints can be written to (rank 0 cannot make"),
             ("a resume on another global batch", 2, ["--resume", good, "--steps", "2"],
              "was trained with a global batch of 1 sequences per step, but this run's default is 2 (dp 2 x "
              "micro-batch 1): give --global-batch 1"),

@@ -15,6 +15,7 @@
 /// checkpoint, so a save killed at any moment leaves the previous one as the latest.
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -219,6 +220,54 @@ inline std::optional<std::filesystem::path> latest_checkpoint(const std::filesys
     if (it->second) return root / std::to_string(it->first);
   }
   return std::nullopt;
+}
+
+/// Collective over the ranks of `exchange`: each rank that writes (`writes`) makes `folder` and a
+/// file in it now, and removes the file. Throws the same weft::error on every rank, naming each rank
+/// that cannot and why, so a folder nobody can write is found before training rather than at the
+/// first save, steps later.
+inline void check_writable(int rank, int world_size, const exchange_function& exchange, const std::filesystem::path& folder,
+                           bool writes = true) {
+  std::string error;
+  if (writes) {
+    std::error_code made;
+    std::filesystem::create_directories(folder, made);
+    const std::filesystem::path probe = folder / (".weft-write-check-" + std::to_string(rank));
+    if (made) {
+      error = "cannot make the folder (" + made.message() + ")";
+    } else if (const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644); fd < 0) {
+      const int code = errno;
+      error = "cannot create a file in it (" + std::string(std::strerror(code)) + ")";
+    } else {
+      const bool written = ::write(fd, "w", 1) == 1;
+      const int code = errno;
+      ::close(fd);
+      std::filesystem::remove(probe, made);
+      if (!written) error = "cannot write a file in it (" + std::string(std::strerror(code)) + ")";
+    }
+  }
+  const std::vector<std::string> texts = exchange(error);
+  if (static_cast<int>(texts.size()) != world_size) {
+    fail("check_writable: the exchange returned " + std::to_string(texts.size()) + " strings for " +
+         std::to_string(world_size) + " ranks");
+  }
+  // One clause per distinct reason, naming its ranks (the first 8 of them), so a folder no rank of
+  // a large job can write gives one short line.
+  std::map<std::string, std::vector<int>> ranks_of;
+  for (int r = 0; r < world_size; ++r) {
+    if (!texts[static_cast<std::size_t>(r)].empty()) ranks_of[texts[static_cast<std::size_t>(r)]].push_back(r);
+  }
+  std::string message;
+  for (const auto& [reason, ranks] : ranks_of) {
+    std::string who = ranks.size() == 1 ? "rank" : "ranks";
+    for (std::size_t i = 0; i < ranks.size() && i < 8; ++i) who += (i == 0 ? " " : ", ") + std::to_string(ranks[i]);
+    if (ranks.size() > 8) who += " and " + std::to_string(ranks.size() - 8) + " more";
+    message += (message.empty() ? "" : "; ") + who + " " + reason;
+  }
+  if (!message.empty()) {
+    fail("'" + folder.string() + "' is not a folder checkpoints can be written to (" + message +
+         "): give one every writing rank can create and write");
+  }
 }
 
 /// Saves distributed checkpoints to `root/<step>/`, one background thread per rank.
