@@ -17,13 +17,14 @@
 --rank-wrapper runs each rank of the two-rank runs through SCRIPT (tests/nccl/per_rank_hostid.sh,
 where the ranks share one GPU).
 """
-import json
 import os
 import re
 import struct
 import subprocess
 import sys
 import tempfile
+
+import safetensors_file
 
 MODEL = ["--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "32", "--positions", "64", "--seed", "7",
          "--micro-batch", "2", "--global-batch", "4", "--lr", "3e-3"]
@@ -38,20 +39,9 @@ def run(command, expect=0):
 
 
 def floats(path):
-    """name -> list of float32 values of each F32 tensor of a safetensors file (standard library only)."""
-    with open(path, "rb") as f:
-        data = f.read()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
-    header.pop("__metadata__", None)
-    body = data[8 + n:]
-    out = {}
-    for name, info in header.items():
-        if info["dtype"] != "F32":
-            continue
-        a, b = info["data_offsets"]
-        out[name] = struct.unpack(f"<{(b - a) // 4}f", body[a:b])
-    return out
+    """name -> the float32 values of each F32 tensor of a safetensors file."""
+    return {name: struct.unpack(f"<{len(data) // 4}f", data)
+            for name, (dtype, _, data) in safetensors_file.read(path)[1].items() if dtype == "F32"}
 
 
 def losses(text):

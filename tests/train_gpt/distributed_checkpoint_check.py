@@ -24,6 +24,8 @@ import subprocess
 import sys
 import tempfile
 
+import safetensors_file
+
 MODEL = ["--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "32", "--positions", "64", "--vocab", "250",
          "--lr", "3e-3", "--seed", "5", "--global-batch", "4", "--quiet"]
 failures = []
@@ -61,13 +63,8 @@ def compare_curve(what, whole, resumed, exact):
 
 
 def safetensors(path):
-    """(metadata, {name: (dtype, shape, bytes)}) read with the standard library."""
-    with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
-        data = f.read()
-    meta = header.pop("__metadata__", {})
-    return meta, {k: (v["dtype"], v["shape"], data[v["data_offsets"][0]:v["data_offsets"][1]]) for k, v in header.items()}
+    """(metadata, {name: (dtype, shape, bytes)})."""
+    return safetensors_file.read(path)
 
 
 def refused(what, command, cwd, fragments):

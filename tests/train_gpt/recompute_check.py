@@ -9,26 +9,20 @@ the loss, the tokens) is the same bytes in all three: recomputation reruns the s
 same inputs, so nothing may differ, not even in the last bit.
 """
 import argparse
-import json
 import os
-import struct
 import subprocess
 import sys
 import tempfile
+
+import safetensors_file
 
 MODEL = ["--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "32", "--positions", "64", "--seed", "5",
          "--global-batch", "4", "--steps", "1", "--quiet"]
 
 
 def tensors(path):
-    """name -> raw bytes of each tensor of a safetensors file (standard library only)."""
-    with open(path, "rb") as f:
-        data = f.read()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
-    header.pop("__metadata__", None)
-    body = data[8 + n:]
-    return {name: body[info["data_offsets"][0]:info["data_offsets"][1]] for name, info in header.items()}
+    """name -> raw bytes of each tensor of a safetensors file."""
+    return {name: data for name, (_, _, data) in safetensors_file.read(path)[1].items()}
 
 
 def main():

@@ -16,10 +16,11 @@ losses must match within 1e-6 (relative) instead of to the last bit.
 import argparse
 import json
 import os
-import struct
 import subprocess
 import sys
 import tempfile
+
+import safetensors_file
 
 MODEL = ["--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "32", "--positions", "64", "--lr", "3e-3",
          "--seed", "5", "--global-batch", "4", "--quiet"]
@@ -36,12 +37,6 @@ def run(command):
 def losses(path):
     with open(path) as f:
         return {json.loads(line)["step"]: line.split('"loss": ')[1].split(",")[0] for line in f if line.strip()}
-
-
-def header(path):
-    with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        return json.loads(f.read(n))
 
 
 def main():
@@ -65,7 +60,7 @@ def main():
         out = run(relaunch + ["--steps", "6", "--log-json", second, "--resume", ckpt])
         if "resumed from" not in out:
             sys.exit("resume_check: the resumed run did not say it resumed")
-        h = header(ckpt)
+        h = safetensors_file.header(ckpt)
         meta = h.pop("__metadata__")
         want_meta = {"n_layer": "2", "n_head": "4", "n_embd": "64", "n_positions": "64", "vocab_size": "256"}
         for k, v in want_meta.items():

@@ -28,6 +28,8 @@ import subprocess
 import sys
 import tempfile
 
+import safetensors_file
+
 try:
     import torch
 except ImportError:
@@ -38,18 +40,12 @@ DTYPES = {"F32": (torch.float32, 4), "I64": (torch.int64, 8), "F64": (torch.floa
 
 
 def read_safetensors(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
-    meta = header.pop("__metadata__", {})
-    body = data[8 + n:]
+    meta, tensors = safetensors_file.read(path)
     out = {}
-    for name, info in header.items():
-        dtype, size = DTYPES[info["dtype"]]
-        begin, end = info["data_offsets"]
-        t = torch.frombuffer(bytearray(body[begin:end]), dtype=dtype) if end > begin else torch.zeros(0, dtype=dtype)
-        out[name] = t.reshape(info["shape"])
+    for name, (dtype_name, shape, data) in tensors.items():
+        dtype, _ = DTYPES[dtype_name]
+        t = torch.frombuffer(bytearray(data), dtype=dtype) if data else torch.zeros(0, dtype=dtype)
+        out[name] = t.reshape(shape)
     return meta, out
 
 
