@@ -47,6 +47,13 @@ namespace train_gpt {
 /// A mistake in the flags or files that every rank finds alike (reported once, exit status 1).
 using weft_programs::input_error;
 
+/// The step time the final summary reports: the upper middle of the steps' times (0 with none).
+inline double median_step_seconds(std::vector<double> step_times) {
+  if (step_times.empty()) return 0;
+  std::sort(step_times.begin(), step_times.end());
+  return step_times[step_times.size() / 2];
+}
+
 /// Everything the layout decides, derived from the flags (or the tuner's plan) and the number of
 /// ranks: the tuner's vocabulary (degrees, virtual stages, micro-batch, sequence parallelism),
 /// so a plan runs as it is.
@@ -511,9 +518,7 @@ class trainer {
       trace_.write(path, rank);
     }
     if (rank == 0) {
-      std::vector<double> sorted = step_times;
-      std::sort(sorted.begin(), sorted.end());
-      const double median = sorted.empty() ? 0 : sorted[sorted.size() / 2];
+      const double median = median_step_seconds(step_times);
       std::printf("done: %lld steps, loss %.4f -> %.4f, median step %.1f ms, %.0f tokens/s, %.1f s in all "
                   "(tp %d pp %d dp %d cp %d, %d micro-batches of %d)\n",
                   static_cast<long long>(o_.steps - step_), first_loss, last_loss, median * 1e3,

@@ -70,6 +70,19 @@ __global__ void backward_kernel(const T* param, T* grad, long n, int unit, int p
     grad[i] += static_cast<T>(0.5 * static_cast<double>(param[i]) + contribution(unit, p, i, r, m));
 }
 
+// Unit u's backward on `stream`: one slow backward_kernel per parameter of its open scope.
+template <class Scope>
+void launch_backward(Scope& scope, std::size_t parameters, cudaStream_t stream, std::size_t u, int r, int m,
+                     long long delay) {
+  for (std::size_t p = 0; p < parameters; ++p) {
+    const auto param = scope.param(p);
+    const auto grad = scope.grad(p);
+    backward_kernel<<<16, 256, 0, stream>>>(param.data(), grad.data(), static_cast<long>(grad.size()),
+                                            static_cast<int>(u), static_cast<int>(p), r, m, delay);
+    cuda_ok(cudaGetLastError());
+  }
+}
+
 template <class T>
 __global__ void sgd_kernel(T* param, const T* grad, long n, double lr) {
   for (long i = blockIdx.x * static_cast<long>(blockDim.x) + threadIdx.x; i < n;
@@ -193,13 +206,7 @@ void train_and_check(const config& c) {
       }
       for (std::size_t u = unit_sizes.size(); u-- > 0;) {
         auto scope = model->backward(u);
-        for (std::size_t p = 0; p < unit_sizes[u].size(); ++p) {
-          std::span<const T> param = scope.param(p);
-          std::span<T> grad = scope.grad(p);
-          backward_kernel<<<16, 256, 0, compute.s>>>(param.data(), grad.data(), static_cast<long>(grad.size()),
-                                                     static_cast<int>(u), static_cast<int>(p), r, m, 100000);
-          cuda_ok(cudaGetLastError());
-        }
+        launch_backward(scope, unit_sizes[u].size(), compute.s, u, r, m, 100000);
       }
       const bool stepped = model->finish();
       CHECK(stepped == (m == micro_steps - 1));
@@ -311,13 +318,7 @@ TEST_CASE("NCCL fsdp: a ZeRO-3 step makes no host synchronization", "[fsdp][gpu]
       for (std::size_t u = 0; u < unit_sizes.size(); ++u) model.forward(u).end();
       for (std::size_t u = unit_sizes.size(); u-- > 0;) {
         auto scope = model.backward(u);
-        for (std::size_t p = 0; p < unit_sizes[u].size(); ++p) {
-          std::span<const float> param = scope.param(p);
-          std::span<float> grad = scope.grad(p);
-          backward_kernel<<<16, 256, 0, compute.s>>>(param.data(), grad.data(), static_cast<long>(grad.size()),
-                                                     static_cast<int>(u), static_cast<int>(p), dp.rank(), m, 1000);
-          cuda_ok(cudaGetLastError());
-        }
+        launch_backward(scope, unit_sizes[u].size(), compute.s, u, dp.rank(), m, 1000);
       }
       CHECK(model.finish() == (m == 1));
     }
@@ -424,13 +425,7 @@ TEST_CASE("NCCL fsdp: a step waits for no request on the host", "[fsdp][gpu][syn
         for (std::size_t u = unit_sizes.size(); u-- > 0;) {
           {
             auto scope = model->backward(u);
-            for (std::size_t p = 0; p < unit_sizes[u].size(); ++p) {
-              std::span<const float> param = scope.param(p);
-              std::span<float> grad = scope.grad(p);
-              backward_kernel<<<16, 256, 0, compute.s>>>(param.data(), grad.data(), static_cast<long>(grad.size()),
-                                                         static_cast<int>(u), static_cast<int>(p), dp.rank(), m, 1000);
-              cuda_ok(cudaGetLastError());
-            }
+            launch_backward(scope, unit_sizes[u].size(), compute.s, u, dp.rank(), m, 1000);
           }
           if (watched) look(text("backward ", u, " of micro-step ", m));
         }

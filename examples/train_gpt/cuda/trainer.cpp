@@ -415,9 +415,7 @@ int train_on_cuda(const options& o, const gpt_config& m, const run_layout& r, co
     }
   }
   if (rank == 0) {
-    std::vector<double> sorted = step_times;
-    std::sort(sorted.begin(), sorted.end());
-    const double median = sorted.empty() ? 0 : sorted[sorted.size() / 2];
+    const double median = median_step_seconds(step_times);
     std::printf("done: %d steps, loss %.4f -> %.4f, median step %.1f ms, %.0f tokens/s, %.1f s in all (dp %d on "
                 "GPUs, fp32, %d micro-batches of %d)\n",
                 o.steps, first_loss, last_loss, median * 1e3, median > 0 ? tokens_per_step / median : 0.0,
