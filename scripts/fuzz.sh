@@ -6,9 +6,18 @@
 # did it is kept in BUILD/artifacts/.
 #   scripts/fuzz.sh [build-dir]          (default build/fuzz; separate from the gcc trees)
 #   scripts/fuzz.sh [build-dir] NAME...  only those harnesses
+#   scripts/fuzz.sh --build-only|--run-only [build-dir] [NAME...]
+#                                        build and run nothing, or run what an earlier build made
+#                                        (scripts/test.sh builds beside the main tests)
 # Replay one input: BUILD/NAME FILE.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+step=all
+case "${1:-}" in
+  --build-only) step=build; shift ;;
+  --run-only) step=run; shift ;;
+  -*) echo "scripts/fuzz.sh: unknown option '$1' (--build-only or --run-only)" >&2; exit 2 ;;
+esac
 build="${1:-$root/build/fuzz}"
 shift || true
 seconds="${WEFT_FUZZ_SECONDS:-60}"
@@ -26,9 +35,12 @@ mkdir -p "$build/artifacts"
 flags=(-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
        -DWEFT_HAS_MPI=0 -DWEFT_HAS_NCCL=0 -DWEFT_HAS_CUDA=0 -include "$root/tests/fuzz/source_location_shim.hpp"
        -I"$root/include" -I"$root/examples/common" -I"$root/examples" -I"$root/tests/fuzz")
-echo "fuzz: building ${harnesses[*]} with $cxx"
-printf '%s\n' "${harnesses[@]}" |
-  xargs -P "$(nproc)" -I{} "${launcher[@]}" "$cxx" "${flags[@]}" "$root/tests/fuzz/{}.cpp" -o "$build/{}"
+if [ "$step" != run ]; then
+  echo "fuzz: building ${harnesses[*]} with $cxx"
+  printf '%s\n' "${harnesses[@]}" |
+    xargs -P "$(nproc)" -I{} "${launcher[@]}" "$cxx" "${flags[@]}" "$root/tests/fuzz/{}.cpp" -o "$build/{}"
+fi
+[ "$step" != build ] || exit 0
 
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
