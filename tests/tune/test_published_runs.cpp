@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include <weft/tune/published_runs.hpp>
+#include <weft/tune/report.hpp>
 
 using namespace weft::tune;
 using Catch::Detail::Approx;
@@ -275,3 +276,19 @@ TEST_CASE("leave-one-source-out on the wider set: each fold as documented in doc
   CHECK(worst == Approx(0.529).margin(0.005));
 }
 
+TEST_CASE("the sources --explain names as erring one way are those of the data") {
+  const auto runs = read_published_runs(WEFT_SCALE_RUNS);
+  for (const systematic_error& e : systematic_errors) {
+    INFO(e.source);
+    double low = 1e9, high = -1e9;
+    for (const published_run& r : runs)
+      if (r.source == e.source) {
+        const double error = predicted_published_mfu(r) / r.published_mfu - 1;
+        low = std::min(low, error);
+        high = std::max(high, error);
+      }
+    CHECK(low == Approx(e.low).margin(0.01));
+    CHECK(high == Approx(e.high).margin(0.01));
+    CHECK((high < -0.15 || low > 0.15));  // all one way, by more than 15 %
+  }
+}
