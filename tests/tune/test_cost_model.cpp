@@ -90,6 +90,36 @@ TEST_CASE("pipeline bubble is (p - 1) / (v m) of the ideal time") {
   }
 }
 
+TEST_CASE("balanced end stages: the first and last stages take a layer fewer (Llama 3, section 3.3.2)") {
+  const cluster_desc cluster = dgx_cluster(*gpu_preset("H100"), 4);
+  const job_desc job{.global_batch = 128};
+  const layout_choice pp4{.parallel = {.pp = 4, .dp = 8}, .micro_batch = 1};
+  const software_desc plain{}, balanced{.balanced_end_stages = true};
+  // Per micro-batch of the busiest stage without balancing: ceil(l / 4) layers L plus the output
+  // layer G (the last stage). 14 layers: 4 L + G; 10 and 12 layers: 3 L + G.
+  for (const int vocab : {1024, 1 << 20}) {  // the output layer lighter, then heavier, than a layer
+    model_desc m = *model_preset("llama2-7b");
+    m.vocab = vocab;
+    auto compute = [&](int layers, const software_desc& sw) {
+      m.layers = layers;
+      return evaluate(m, cluster, job, pp4, sw, default_calibration, true).time.compute;
+    };
+    const double L = compute(14, plain) - compute(10, plain), G = compute(12, plain) - 3 * L;
+    CHECK(compute(14, plain) == Approx(4 * L + G));
+    // Balanced, 14 = 4 x 4 - 2: the end stages take 3 layers, the middle ones 4 and no output layer.
+    CHECK(compute(14, balanced) == Approx(std::max(4 * L, 3 * L + G)));
+    // 15 layers leave one place empty: nothing to balance.
+    CHECK(compute(15, balanced) == Approx(compute(15, plain)));
+  }
+  // Memory: stage 0 holds 3 layers x 4 micro-batches in flight, stage 1 4 layers x 3 (1F1B), where
+  // every layer of 4 stages held 4: three quarters of the activations.
+  model_desc m = *model_preset("llama2-7b");
+  m.layers = 14;
+  const plan p = evaluate(m, cluster, job, pp4, plain, default_calibration, true);
+  const plan q = evaluate(m, cluster, job, pp4, balanced, default_calibration, true);
+  CHECK(q.memory.activations == Approx(0.75 * p.memory.activations));
+}
+
 TEST_CASE("tensor parallelism costs 4 all-reduces of b s h per layer per micro-batch, 6 with full recomputation") {
   const cluster_desc cluster = dgx_cluster(*gpu_preset("A100-80GB"), 1);
   const model_desc m = *model_preset("llama2-7b");

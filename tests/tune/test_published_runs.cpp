@@ -7,11 +7,14 @@
 
 #include <cmath>
 #include <filesystem>
+#include <iterator>
 #include <sstream>
 
 #include <weft/tune/published_runs.hpp>
+#include <weft/tune/report.hpp>
 
 using namespace weft::tune;
+using Catch::Detail::Approx;
 
 namespace {
 
@@ -171,4 +174,121 @@ TEST_CASE("held-out published runs (never fitted on): predicted MFU, as document
   CHECK(unfit == 1);
   CHECK(sum / checked <= 0.12);  // documented: 10.7 %
   CHECK(worst <= 0.17);          // documented: 16.7 %
+}
+
+TEST_CASE("published runs at 1536 to 16384 GPUs: each row error as documented in docs/tuning.md") {
+  INFO("runs expected at " WEFT_SCALE_RUNS);
+  REQUIRE(std::filesystem::exists(WEFT_SCALE_RUNS));
+  const auto runs = read_published_runs(WEFT_SCALE_RUNS);
+  // docs/tuning.md, "Published runs at scale": predicted / published - 1 with the fitted constants,
+  // in file order. Llama 3 is predicted low (full recomputation forced), MT-NLG high.
+  const double documented[] = {-0.239, -0.253, -0.412, +0.178, +0.188, +0.223, +0.042, +0.043, +0.052};
+  REQUIRE(runs.size() == std::size(documented));
+  // The layouts the sources state, as read: Llama 3's cp 16 row and MT-NLG's 35 stages.
+  CHECK(runs[2].published.cp == 16);
+  CHECK(runs[2].model.seq == 131072);
+  CHECK(runs[2].model.ffn == 53248);
+  CHECK(runs[3].published.pp == 35);
+  CHECK(ffn_of(runs[6].model) == 4 * 18432);
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    INFO(runs[i].source << " " << runs[i].name << " on " << runs[i].gpus << " GPUs");
+    const double mfu = predicted_published_mfu(runs[i]);
+    REQUIRE(mfu > 0);
+    CHECK(mfu / runs[i].published_mfu - 1 == Approx(documented[i]).margin(0.02));
+  }
+}
+
+namespace {
+
+// The values of `all` next to `value` (itself and one step either way), for a grid around a fit.
+std::vector<double> neighbours(const std::vector<double>& all, double value) {
+  std::vector<double> out;
+  for (std::size_t i = 0; i < all.size(); ++i)
+    if (std::abs(all[i] - value) < 1e-9) {
+      if (i > 0) out.push_back(all[i - 1]);
+      out.push_back(all[i]);
+      if (i + 1 < all.size()) out.push_back(all[i + 1]);
+    }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("leave-one-source-out on the wider set: each fold as documented in docs/tuning.md") {
+  std::vector<published_run> runs = read_published_runs(WEFT_PUBLISHED_RUNS);
+  const std::vector<published_run> scale = read_published_runs(WEFT_SCALE_RUNS);
+  runs.insert(runs.end(), scale.begin(), scale.end());
+  struct documented_fold {
+    const char* source;
+    double e_ampere, e_hopper, half, passes, link;
+    std::vector<double> errors;  // left out, in file order
+  };
+  // docs/tuning.md, "(d) Leave one source out on the wider set" (tune_fit on both files).
+  const documented_fold folds[] = {
+      {"N21", 0.600, 0.625, 64, 3.0, 0.90, {-.213, -.191, -.184, -.149, -.163, -.115, -.149, -.147, -.203, -.201}},
+      {"MLM24", 0.650, 0.625, 64, 1.5, 0.90, {+.245, +.152, +.128, +.188, +.207, -.021, +.121, +.035, +.049}},
+      {"BLOOM", 0.700, 0.650, 128, 1.5, 0.90, {-.019}},
+      {"NEOX", 0.700, 0.650, 128, 1.5, 0.90, {-.023}},
+      {"TT-A100", 0.700, 0.650, 128, 1.5, 0.90, {+.130, +.103, -.007}},
+      {"LLAMA3", 0.725, 0.700, 384, 0.0, 0.80, {-.279, -.293, -.529}},
+      {"MTNLG", 0.675, 0.625, 64, 2.0, 0.90, {+.163, +.173, +.208}},
+      {"NEMO4", 0.700, 0.650, 128, 1.5, 0.90, {+.081, +.081, +.090}},
+  };
+  const calibration_grid full;
+  double sum = 0, worst = 0;
+  int count = 0;
+  for (const documented_fold& f : folds) {
+    INFO("left out: " << f.source);
+    std::vector<published_run> train, test;
+    for (const published_run& r : runs) (r.source == f.source ? test : train).push_back(r);
+    REQUIRE(test.size() == f.errors.size());
+    calibration documented = default_calibration;
+    documented.gemm_efficiency_ampere = f.e_ampere;
+    documented.gemm_efficiency_hopper = f.e_hopper;
+    documented.gemm_half_size = f.half;
+    documented.elementwise_passes = f.passes;
+    documented.link_efficiency = f.link;
+    // The full grid takes tune_fit about 80 s of CPU for the eight folds; here the fit runs over
+    // each documented value and its neighbours on that grid (at most 243 points), so a fold whose
+    // documented constants are not the fit's choice around them fails.
+    const calibration_grid around{.gemm_half_size = neighbours(full.gemm_half_size, f.half),
+                                  .elementwise_passes = neighbours(full.elementwise_passes, f.passes),
+                                  .link_efficiency = neighbours(full.link_efficiency, f.link),
+                                  .gemm_efficiency_ampere = neighbours(full.gemm_efficiency_ampere, f.e_ampere),
+                                  .gemm_efficiency_hopper = neighbours(full.gemm_efficiency_hopper, f.e_hopper)};
+    const calibration fitted = fit_calibration(train, documented, around);
+    CHECK(fitted.gemm_efficiency_ampere == Approx(f.e_ampere));
+    CHECK(fitted.gemm_efficiency_hopper == Approx(f.e_hopper));
+    CHECK(fitted.gemm_half_size == Approx(f.half));
+    CHECK(fitted.elementwise_passes == Approx(f.passes));
+    CHECK(fitted.link_efficiency == Approx(f.link));
+    for (std::size_t i = 0; i < test.size(); ++i) {
+      const double error = predicted_published_mfu(test[i], documented) / test[i].published_mfu - 1;
+      CHECK(error == Approx(f.errors[i]).margin(0.02));
+      sum += std::abs(error);
+      worst = std::max(worst, std::abs(error));
+      ++count;
+    }
+  }
+  CHECK(count == 33);
+  // The targets (mean <= 10 %, max <= 25 %) are missed; docs/tuning.md says by how much and why.
+  CHECK(sum / count == Approx(0.153).margin(0.005));
+  CHECK(worst == Approx(0.529).margin(0.005));
+}
+
+TEST_CASE("the sources --explain names as erring one way are those of the data") {
+  const auto runs = read_published_runs(WEFT_SCALE_RUNS);
+  for (const systematic_error& e : systematic_errors) {
+    INFO(e.source);
+    double low = 1e9, high = -1e9;
+    for (const published_run& r : runs)
+      if (r.source == e.source) {
+        const double error = predicted_published_mfu(r) / r.published_mfu - 1;
+        low = std::min(low, error);
+        high = std::max(high, error);
+      }
+    CHECK(low == Approx(e.low).margin(0.01));
+    CHECK(high == Approx(e.high).margin(0.01));
+    CHECK((high < -0.15 || low > 0.15));  // all one way, by more than 15 %
+  }
 }

@@ -1,8 +1,10 @@
 // Refits the cost model's calibration constants on the published runs (fit_calibration: a grid
 // search over the relative error of predicted MFU, each run's own layout, each source's own FLOP
 // count) and validates them leaving one source out (fit without it, predict it). Prints both as
-// the tables of docs/tuning.md. Usage: tune_fit [path/to/published_runs.csv]
+// the tables of docs/tuning.md. Usage: tune_fit [runs.csv...]; several files are validated as one
+// set (docs/tuning.md's wider table: published_runs.csv published_runs_scale.csv).
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 
@@ -11,8 +13,11 @@
 using namespace weft::tune;
 
 int main(int argc, char** argv) {
-  const std::string path = argc > 1 ? argv[1] : WEFT_PUBLISHED_RUNS;
-  const std::vector<published_run> runs = read_published_runs(path);
+  std::vector<published_run> runs;
+  for (int i = 1; i < std::max(argc, 2); ++i) {
+    const std::vector<published_run> file = read_published_runs(std::string(argc > 1 ? argv[i] : WEFT_PUBLISHED_RUNS));
+    runs.insert(runs.end(), file.begin(), file.end());
+  }
   const mfu_error current = mfu_error_of(runs, default_calibration);
   std::printf("current constants, fitted on all runs: mean %.2f%% max %.2f%%\n", 100 * current.mean, 100 * current.worst);
   const calibration best = fit_calibration(runs);

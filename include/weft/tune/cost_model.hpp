@@ -360,12 +360,29 @@ class evaluator {
       // chunks keeps p (1 + (p - 1) / (p v)) (Korthikanti et al. 2022, section 4.2.3).
       const double in_flight = l.parallel.virtual_stages > 1 ? l.parallel.pp + static_cast<double>(l.parallel.pp - 1) / l.parallel.virtual_stages : std::min(l.parallel.pp, m);
       memory_breakdown first, last;
-      state((stage + embedding_) / t, first);
-      first.activations = lps * in_flight * stored + working;
+      // Balanced end stages: the first and last stages take a layer fewer for the embedding and
+      // the output layer; stage 1 then holds a whole share with two fewer warm-up chunks in flight
+      // (Megatron-Core's interleaved schedule warms up (p - rank - 1) x 2 + (v - 1) x p chunks).
+      const bool ends = balanced_ends(l);
+      const double end_layers = ends ? lps - 1 : lps;
+      const double per_layer = layer_params_ - expert_layer_params_;
+      state((end_layers * per_layer + embedding_) / t, first);
+      first.activations = end_layers * in_flight * stored + working;
+      if (ends) {
+        const double in_flight_1 = l.parallel.virtual_stages > 1
+                                       ? l.parallel.pp + static_cast<double>(l.parallel.pp - 3) / l.parallel.virtual_stages
+                                       : std::min(l.parallel.pp - 1, m);
+        memory_breakdown second;
+        state(stage / t, second);
+        second.activations = lps * in_flight_1 * stored + working;
+        if (second.weights + second.gradients + second.optimizer + second.activations >
+            first.weights + first.gradients + first.optimizer + first.activations)
+          first = second;
+      }
       // The last stage holds the output layer (a tied embedding keeps a copy there) and one
       // micro-batch in flight, plus its logits.
-      state((stage + embedding_) / t, last);
-      last.activations = lps * stored + working;
+      state((end_layers * per_layer + embedding_) / t, last);
+      last.activations = end_layers * stored + working;
       last.logits = c.logits_bytes;
       first.total = first.weights + first.gradients + first.optimizer + first.activations;
       last.total = last.weights + last.gradients + last.optimizer + last.activations + last.logits;
@@ -374,6 +391,15 @@ class evaluator {
     result.total = result.weights + result.gradients + result.optimizer + result.activations + result.logits;
     result.usable = usable_;
     return result;
+  }
+
+  /// Whether `l`'s first and last pipeline stages take one layer fewer than the others: where the
+  /// software balances the embedding and the output layer against a layer (Llama 3, section
+  /// 3.3.2; Megatron-DeepSpeed's `type:transformer|embedding` partition, BLOOM's) and the layers
+  /// leave two places of pp x ceil(l / pp) empty.
+  bool balanced_ends(const layout_choice& l) const noexcept {
+    const int lps = (model_.layers + l.parallel.pp - 1) / l.parallel.pp;
+    return software_.balanced_end_stages && l.parallel.pp > 2 && model_.layers <= l.parallel.pp * lps - 2;
   }
 
   /// Parameters per GPU on the stage that holds the most, except routed experts (split by tp,
@@ -448,15 +474,22 @@ class evaluator {
     // on the critical path: the experts wait for their tokens.
     const double ep_layer =
         moe_fraction(model_) * (4.0 + (l.recompute_mode == recompute::full ? 2.0 : 0.0)) * c.all_to_all;
-    const double logits = 3 * c.logits_forward;  // the busiest stage is the last: it has the output layer
-    const double mb_compute = lps * (fwd + bwd + redo) + logits;
-    const double mb_time = mb_compute + lps * (tp_layer + cp_layer + ep_layer) + tp_edge;
+    // The busiest stage is the last: it has the output layer. With balanced end stages it has a
+    // layer fewer, and a middle stage is the busiest where a layer takes longer than the output layer.
+    double logits = 3 * c.logits_forward;
+    double busy_layers = lps;
+    if (balanced_ends(l)) {
+      if (fwd + bwd + redo + tp_layer + cp_layer + ep_layer >= logits) logits = 0;
+      else busy_layers = lps - 1;
+    }
+    const double mb_compute = busy_layers * (fwd + bwd + redo) + logits;
+    const double mb_time = mb_compute + busy_layers * (tp_layer + cp_layer + ep_layer) + tp_edge;
     time_breakdown& tb = p.time;
     tb.compute = m * mb_compute;
-    tb.recompute = m * lps * redo;
-    tb.tp_comm = m * (lps * tp_layer + tp_edge);
-    tb.cp_comm = m * lps * cp_layer;
-    tb.ep_comm = m * lps * ep_layer;
+    tb.recompute = m * busy_layers * redo;
+    tb.tp_comm = m * (busy_layers * tp_layer + tp_edge);
+    tb.cp_comm = m * busy_layers * cp_layer;
+    tb.ep_comm = m * busy_layers * ep_layer;
     if (l.parallel.pp > 1) {
       tb.bubble = static_cast<double>(l.parallel.pp - 1) / l.parallel.virtual_stages * mb_time;
       const bool crosses = l.parallel.tp * l.parallel.cp * l.parallel.dp >= cluster_.node.gpus_per_node;

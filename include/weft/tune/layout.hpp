@@ -106,6 +106,11 @@ struct software_desc {
   /// gradient-accumulation fusion) or frees each gradient once it is added. Never sharded: the
   /// software that keeps them shards the optimizer state only.
   int low_precision_gradient_bytes = 0;
+  /// Where the layers do not fill pp x ceil(layers / pp), the first and last pipeline stages take a
+  /// layer fewer, for the embedding and the output layer and loss (Llama 3's pipeline, "The Llama 3
+  /// Herd of Models", section 3.3.2; Megatron-DeepSpeed's `type:transformer|embedding` partition).
+  /// Otherwise every stage but the last may be short and the last has a whole share.
+  bool balanced_end_stages = false;
 };
 
 /// The job: how much data per step, how much in total, at what price.

@@ -69,7 +69,10 @@ inline bool contains(std::string_view text, std::string_view part) { return text
 /// parallelism, distributed optimizer, data- and tensor-parallel communication overlapped with
 /// compute, as its README states). BLOOM and NEOX:
 /// Megatron-DeepSpeed / GPT-NeoX of 2022 (ZeRO-1, plain 1F1B, no overlap, no fused attention;
-/// BLOOM's bf16 optimizer accumulates gradients in fp32 copies and keeps the bf16 ones too).
+/// BLOOM's bf16 optimizer accumulates gradients in fp32 copies and keeps the bf16 ones too;
+/// its partition also balances the end stages, which is not applied: docs/tuning.md, "(d)").
+/// MTNLG: DeepSpeed's pipeline of 2021 with Megatron's tensor slicing. LLAMA3: Meta's 4D stack
+/// of 2024, with balanced end stages. NEMO4: Megatron-Core, as MLM24.
 /// TT: torchtitan of 2024 (FSDP2, fused attention, overlapped).
 inline software_desc software_of(std::string_view source) {
   if (source == "N21")
@@ -86,7 +89,20 @@ inline software_desc software_of(std::string_view source) {
             .selective_recompute = false, .gradient_bytes = 2};
   // Megatron-Core's MoE runs (its MoE README, 2024; Megatron-Bridge's performance pages, 2025) run
   // the same stack as MLM24, with the distributed optimizer.
-  if (source == "MLM24" || source == "MCORE-MOE" || detail::starts_with(source, "MB"))
+  // MT-NLG (2021): Megatron's tensor slicing inside DeepSpeed's pipeline engine, of N21's era and
+  // precision, with DeepSpeed's plain 1F1B schedule (no virtual stages) and no overlap.
+  if (source == "MTNLG")
+    return {.flash_attention = false, .sequence_parallel = false, .interleaved_schedule = false,
+            .context_parallel = false, .overlap_dp = false, .max_sharding = sharding::optimizer,
+            .selective_recompute = false, .gradient_bytes = 2};
+  // Llama 3 (2024): Meta's 4D stack: tp with sequence parallelism, all-gather context parallelism,
+  // interleaved 1F1B, and FSDP that keeps the weights gathered between forward and backward
+  // (ZeRO-2 at most).
+  if (source == "LLAMA3")
+    return {.flash_attention = true, .sequence_parallel = true, .interleaved_schedule = true, .context_parallel = true,
+            .overlap_dp = true, .max_sharding = sharding::gradients, .balanced_end_stages = true};
+  // Nemotron-4 340B (2024) was trained with Megatron-Core, the same stack as MLM24.
+  if (source == "MLM24" || source == "NEMO4" || source == "MCORE-MOE" || detail::starts_with(source, "MB"))
     return {.flash_attention = true, .sequence_parallel = true, .interleaved_schedule = true, .overlap_dp = true,
             .overlap_tp = true, .max_sharding = sharding::optimizer};
   return {.flash_attention = true, .sequence_parallel = true, .interleaved_schedule = true, .context_parallel = false,
@@ -157,7 +173,7 @@ inline std::vector<published_run> read_published_runs(std::istream& in) {
     m.tied_embeddings = r.source == "N21" || r.source == "BLOOM";
     if (detail::starts_with(r.name, "Llama 3")) {  // Meta's published Llama 3 configuration
       m.swiglu = true;
-      m.ffn = m.hidden == 4096 ? 14336 : 28672;
+      m.ffn = m.hidden == 4096 ? 14336 : m.hidden == 16384 ? 53248 : 28672;
       if (m.vocab == 0) m.vocab = 128256;
       m.params = 0;  // derived from the full shape
     }
