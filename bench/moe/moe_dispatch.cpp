@@ -6,12 +6,14 @@
 // Each rank routes its tokens to K of E experts at random (seeded by the rank; expert e is chosen
 // with weight e + 1, so the counts are ragged), and the rows are already permuted by expert: both
 // sides time exactly the communication of one MoE layer's forward. As in allreduce_overhead, both
-// are timed in one run, interleaved call by call (alternating which goes first); a call's time is
+// are timed in one run, interleaved call by call (rotating which goes first); a call's time is
 // the slowest rank's; times are medians over repetitions; ratio = median(weft) / median(raw).
+// --checks with several levels (default,local) times weft at each, on a communicator of its own,
+// in the same interleaved run.
 //
 //   mpirun -n 4 moe_dispatch -b 256 -e 16K -f 4 --hidden 768 --experts 8 --top-k 2 --json moe.json
 //
-// Target: ratio <= 1.05 (--enforce makes a miss exit non-zero).
+// Target: ratio <= 1.05 at the first level given (--enforce makes a miss exit non-zero).
 #include <mpi.h>
 
 #include <weft/backend/mpi/backend.hpp>
@@ -22,6 +24,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <random>
 #include <span>
@@ -46,8 +49,11 @@ struct options {
   int reps = 30;
   int warmup = 3;
   bool enforce = false;
-  std::optional<weft::check_level> checks;
-  std::string checks_name = "default";
+  struct level {
+    std::string name;
+    std::optional<weft::check_level> checks;  ///< nullopt: the communicator's default
+  };
+  std::vector<level> levels{{"default", std::nullopt}};
   std::string json_path;
   bool help = false;
 };
@@ -64,9 +70,12 @@ constexpr const char* usage_text =
     "  --top-k K        experts per token [2]\n"
     "  --reps N         timed repetitions per size [30]\n"
     "  --warmup N       untimed repetitions of each kind per size [3]\n"
-    "  --enforce        exit 1 when a size misses the target (ratio <= 1.05)\n"
-    "  --checks LEVEL   weft's check level: local, agreement, communication or fingerprint [the default]\n"
-    "  --json FILE      write [{\"ranks\", \"tokens\", \"bytes\", \"weft_s\", \"raw_s\", \"ratio\", ...}]\n";
+    "  --enforce        exit 1 when a size misses the target (ratio <= 1.05) at the first level\n"
+    "  --checks L[,L..] weft's check levels, each timed in the same run: default, local, agreement,\n"
+    "                   communication or fingerprint [default]\n"
+    "  --json FILE      write [{\"ranks\", \"tokens\", \"bytes\", \"weft_s\", \"raw_s\", \"ratio\", ...,\n"
+    "                   \"levels\": [{\"checks\", \"weft_s\", \"ratio\", \"median_of_ratios\"}]}]: weft_s and\n"
+    "                   ratio are the first level's\n";
 
 options parse(int argc, char** argv) {
   options o;
@@ -86,12 +95,21 @@ options parse(int argc, char** argv) {
     else if (arg == "--warmup") o.warmup = parse_integer(arg, value(), 0, 1 << 20);
     else if (arg == "--enforce") o.enforce = true;
     else if (arg == "--checks") {
-      o.checks_name = value();
-      if (o.checks_name == "local") o.checks = weft::check_level::local;
-      else if (o.checks_name == "agreement") o.checks = weft::check_level::agreement;
-      else if (o.checks_name == "communication") o.checks = weft::check_level::communication;
-      else if (o.checks_name == "fingerprint") o.checks = weft::check_level::fingerprint;
-      else throw usage_error("--checks '" + o.checks_name + "' is not a check level: use local, agreement, communication or fingerprint");
+      o.levels.clear();
+      const std::string list = value();
+      for (std::size_t at = 0; at <= list.size();) {
+        const std::size_t end = std::min(list.find(',', at), list.size());
+        const std::string name = list.substr(at, end - at);
+        options::level l{name, std::nullopt};
+        if (name == "local") l.checks = weft::check_level::local;
+        else if (name == "agreement") l.checks = weft::check_level::agreement;
+        else if (name == "communication") l.checks = weft::check_level::communication;
+        else if (name == "fingerprint") l.checks = weft::check_level::fingerprint;
+        else if (name != "default")
+          throw usage_error("--checks '" + name + "' is not a check level: use default, local, agreement, communication or fingerprint");
+        o.levels.push_back(l);
+        at = end + 1;
+      }
     }
     else if (arg == "--json") o.json_path = value();
     else if (arg == "-h" || arg == "--help") o.help = true;
@@ -108,11 +126,18 @@ double median(std::vector<double> v) {
   return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+struct level_result {
+  double weft_s = 0, ratio = 0, median_of_ratios = 0;
+};
+
 struct row {
   std::size_t tokens = 0, bytes = 0;
-  double weft_s = 0, raw_s = 0, ratio = 0, median_of_ratios = 0;
+  double raw_s = 0;
+  std::vector<level_result> levels;  ///< in the order of --checks
   bool correct = true;
 };
+
+using comm_t = weft::communicator<weft::mpi_backend>;
 
 // Rows this rank sends each expert: K distinct experts per token, expert e with weight e + 1.
 std::vector<std::size_t> route(std::size_t tokens, const options& o, int rank) {
@@ -132,9 +157,10 @@ std::vector<std::size_t> route(std::size_t tokens, const options& o, int rank) {
   return per_expert;
 }
 
-row measure(weft::communicator<weft::mpi_backend>& comm, const options& o, std::size_t tokens) {
-  const int P = comm.size();
-  const std::size_t ranks = static_cast<std::size_t>(P), local = o.experts / ranks, C = o.hidden;
+row measure(std::vector<comm_t>& comms, const options& o, std::size_t tokens) {
+  comm_t& comm = comms.front();
+  const std::size_t variants = comms.size();
+  const std::size_t ranks = static_cast<std::size_t>(comm.size()), local = o.experts / ranks, C = o.hidden;
   const MPI_Comm raw_comm = comm.native().native();
   const std::vector<std::size_t> per_expert = route(tokens, o, comm.rank());
   std::size_t sent_rows = 0;
@@ -142,13 +168,15 @@ row measure(weft::communicator<weft::mpi_backend>& comm, const options& o, std::
   std::vector<float> rows(sent_rows * C);
   for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<float>(comm.rank() * 1000003 + static_cast<int>(i % 1000003));
 
-  weft::moe::token_dispatcher<weft::mpi_backend> dispatcher(comm, o.experts);
-  std::vector<float> weft_received, weft_back(rows.size());
-  auto weft_call = [&] {
-    dispatcher.plan(per_expert);
-    weft_received.resize(dispatcher.rows_received() * C);
-    dispatcher.dispatch(std::span<const float>(rows), C, std::span<float>(weft_received));
-    dispatcher.combine(std::span<const float>(weft_received), C, std::span<float>(weft_back));
+  std::vector<std::unique_ptr<weft::moe::token_dispatcher<weft::mpi_backend>>> dispatchers;
+  for (comm_t& c : comms) dispatchers.push_back(std::make_unique<weft::moe::token_dispatcher<weft::mpi_backend>>(c, o.experts));
+  std::vector<std::vector<float>> weft_received(variants), weft_back(variants, std::vector<float>(rows.size()));
+  auto weft_call = [&](std::size_t v) {
+    auto& dispatcher = *dispatchers[v];
+    dispatcher.plan(per_expert, C);
+    weft_received[v].resize(dispatcher.rows_received() * C);
+    dispatcher.dispatch(std::span<const float>(rows), std::span<float>(weft_received[v]));
+    dispatcher.combine(std::span<const float>(weft_received[v]), std::span<float>(weft_back[v]));
   };
 
   std::vector<int> counts_out(o.experts), counts_in(o.experts), sc(ranks), sd(ranks), rc(ranks), rd(ranks);
@@ -175,37 +203,51 @@ row measure(weft::communicator<weft::mpi_backend>& comm, const options& o, std::
     call();
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
-  for (int i = 0; i < o.warmup; ++i) weft_call(), raw_call();
+  // Call k: 0 raw, 1.. weft at each level; each repetition starts one later in that cycle.
+  const std::size_t kinds = variants + 1;
+  auto call = [&](std::size_t k) { return k == 0 ? timed(raw_call) : timed([&] { weft_call(k - 1); }); };
+  for (int i = 0; i < o.warmup; ++i)
+    for (std::size_t k = 0; k < kinds; ++k) call(k);
   MPI_Barrier(raw_comm);
-  std::vector<double> times(2 * static_cast<std::size_t>(o.reps));
-  for (int rep = 0; rep < o.reps; ++rep) {
-    double* t = &times[2 * static_cast<std::size_t>(rep)];
-    if (rep % 2 == 0) t[0] = timed(weft_call), t[1] = timed(raw_call);
-    else t[1] = timed(raw_call), t[0] = timed(weft_call);
-  }
-  MPI_Allreduce(MPI_IN_PLACE, times.data(), 2 * o.reps, MPI_DOUBLE, MPI_MAX, raw_comm);
-  std::vector<double> weft_times, raw_times, ratios;
-  for (int rep = 0; rep < o.reps; ++rep) {
-    const double* t = &times[2 * static_cast<std::size_t>(rep)];
-    weft_times.push_back(t[0]), raw_times.push_back(t[1]), ratios.push_back(t[0] / t[1]);
-  }
-  // Both sides received the same rows, and the round trip returns every row to its sender.
-  int wrong = (weft_received == raw_received && weft_back == rows && raw_back == rows) ? 0 : 1;
-  MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_INT, MPI_SUM, raw_comm);
+  std::vector<double> times(kinds * static_cast<std::size_t>(o.reps));
+  for (int rep = 0; rep < o.reps; ++rep)
+    for (std::size_t j = 0; j < kinds; ++j) {
+      const std::size_t k = (static_cast<std::size_t>(rep) + j) % kinds;
+      times[static_cast<std::size_t>(rep) * kinds + k] = call(k);
+    }
+  MPI_Allreduce(MPI_IN_PLACE, times.data(), static_cast<int>(times.size()), MPI_DOUBLE, MPI_MAX, raw_comm);
+  std::vector<double> raw_times;
+  for (int rep = 0; rep < o.reps; ++rep) raw_times.push_back(times[static_cast<std::size_t>(rep) * kinds]);
   row r;
   r.tokens = tokens;
   r.bytes = tokens * o.top_k * C * sizeof(float);
-  r.weft_s = median(weft_times);
   r.raw_s = median(raw_times);
-  r.ratio = r.weft_s / r.raw_s;
-  r.median_of_ratios = median(ratios);
+  // Both sides received the same rows, and the round trip returns every row to its sender.
+  int wrong = raw_back == rows ? 0 : 1;
+  for (std::size_t v = 0; v < variants; ++v) {
+    std::vector<double> weft_times, ratios;
+    for (int rep = 0; rep < o.reps; ++rep) {
+      const double* t = &times[static_cast<std::size_t>(rep) * kinds];
+      weft_times.push_back(t[1 + v]), ratios.push_back(t[1 + v] / t[0]);
+    }
+    const double weft_s = median(weft_times);
+    r.levels.push_back({weft_s, weft_s / r.raw_s, median(ratios)});
+    if (weft_received[v] != raw_received || weft_back[v] != rows) wrong = 1;
+  }
+  MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_INT, MPI_SUM, raw_comm);
   r.correct = wrong == 0;
   return r;
 }
 
 int run(const options& o) {
-  auto comm = weft::communicator<weft::mpi_backend>(weft::mpi_backend::comm::world(), "ep");
-  if (o.checks) comm.set_checks(*o.checks);
+  std::vector<comm_t> comms;
+  std::string names;
+  for (const options::level& l : o.levels) {
+    comms.emplace_back(weft::mpi_backend::comm::world(), "ep");
+    if (l.checks) comms.back().set_checks(*l.checks);
+    names += (names.empty() ? "" : ", ") + l.name;
+  }
+  comm_t& comm = comms.front();
   if (o.experts % static_cast<std::size_t>(comm.size()) != 0)
     throw usage_error("--experts " + std::to_string(o.experts) + " is not a multiple of the " +
                       std::to_string(comm.size()) + " ranks");
@@ -213,23 +255,26 @@ int run(const options& o) {
   if (root) {
     std::printf("# weft MoE dispatch + combine vs raw MPI_Alltoall + 2 x MPI_Alltoallv, %d ranks, C %zu floats, E %zu, "
                 "K %zu, weft's checks: %s, interleaved call by call\n",
-                comm.size(), o.hidden, o.experts, o.top_k, o.checks_name.c_str());
+                comm.size(), o.hidden, o.experts, o.top_k, names.c_str());
     std::printf("# bytes: tokens x K x C x 4 sent per rank each way; times: median over %d repetitions of the slowest "
-                "rank's time; ratio: median(weft) / median(raw)\n",
-                o.reps);
-    std::printf("# %8s %12s %12s %12s %8s %9s %8s\n", "tokens", "bytes", "weft (us)", "raw (us)", "ratio", "med.rat",
-                "target");
+                "rank's time; ratio: median(weft) / median(raw); target %.2f at the first level\n",
+                o.reps, target);
+    std::printf("# %8s %12s %12s", "tokens", "bytes", "raw (us)");
+    for (const options::level& l : o.levels)
+      std::printf(" %14s %8s %9s", (l.name + " (us)").c_str(), "ratio", "med.rat");
+    std::printf("\n");
   }
   std::vector<row> rows;
   bool all_met = true, all_correct = true;
   for (std::size_t tokens = o.min_tokens;;) {
-    const row r = measure(comm, o, tokens);
-    const bool met = r.ratio <= target;
+    const row r = measure(comms, o, tokens);
+    const bool met = r.levels.front().ratio <= target;
     all_met = all_met && met;
     all_correct = all_correct && r.correct;
     if (root) {
-      std::printf("  %8zu %12zu %12.1f %12.1f %8.4f %9.4f %8.2f %s%s\n", r.tokens, r.bytes, r.weft_s * 1e6, r.raw_s * 1e6,
-                  r.ratio, r.median_of_ratios, target, met ? "ok" : "MISSED", r.correct ? "" : "  WRONG RESULT");
+      std::printf("  %8zu %12zu %12.1f", r.tokens, r.bytes, r.raw_s * 1e6);
+      for (const level_result& l : r.levels) std::printf(" %14.1f %8.4f %9.4f", l.weft_s * 1e6, l.ratio, l.median_of_ratios);
+      std::printf(" %s%s\n", met ? "ok" : "MISSED", r.correct ? "" : "  WRONG RESULT");
       std::fflush(stdout);
     }
     rows.push_back(r);
@@ -243,14 +288,23 @@ int run(const options& o) {
       out << "[";
       for (std::size_t i = 0; i < rows.size(); ++i) {
         const row& r = rows[i];
+        const level_result& first = r.levels.front();
         char line[512];
         std::snprintf(line, sizeof(line),
                       "%s\n  {\"ranks\": %d, \"tokens\": %zu, \"bytes\": %zu, \"weft_s\": %.9g, \"raw_s\": %.9g, "
                       "\"ratio\": %.6f, \"median_of_ratios\": %.6f, \"reps\": %d, \"hidden\": %zu, \"experts\": %zu, "
-                      "\"top_k\": %zu, \"checks\": \"%s\", \"target\": %.2f, \"correct\": %s}",
-                      i == 0 ? "" : ",", comm.size(), r.tokens, r.bytes, r.weft_s, r.raw_s, r.ratio, r.median_of_ratios,
-                      o.reps, o.hidden, o.experts, o.top_k, o.checks_name.c_str(), target, r.correct ? "true" : "false");
+                      "\"top_k\": %zu, \"checks\": \"%s\", \"target\": %.2f, \"correct\": %s, \"levels\": [",
+                      i == 0 ? "" : ",", comm.size(), r.tokens, r.bytes, first.weft_s, r.raw_s, first.ratio,
+                      first.median_of_ratios, o.reps, o.hidden, o.experts, o.top_k, o.levels.front().name.c_str(), target,
+                      r.correct ? "true" : "false");
         out << line;
+        for (std::size_t v = 0; v < r.levels.size(); ++v) {
+          std::snprintf(line, sizeof(line), "%s{\"checks\": \"%s\", \"weft_s\": %.9g, \"ratio\": %.6f, \"median_of_ratios\": %.6f}",
+                        v == 0 ? "" : ", ", o.levels[v].name.c_str(), r.levels[v].weft_s, r.levels[v].ratio,
+                        r.levels[v].median_of_ratios);
+          out << line;
+        }
+        out << "]}";
       }
       out << "\n]\n";
       if (!out) throw std::runtime_error("cannot write '" + o.json_path + "'");

@@ -80,7 +80,8 @@ layout (degrees multiply to the ranks; dp defaults to ranks / (tp pp cp))
   --hardware FILE        a description of these ranks measured by `weft-plan --probe FILE` (same launch):
                          each step also reports the tuner's predicted step time for the layout
   --plan                 with --hardware: the tuner picks the layout (degrees, virtual stages, micro-batch,
-                         sequence parallelism, sharding, recomputation) for the ranks given and prints why
+                         sequence parallelism, sharding, recomputation; ep for a mixture of experts) for
+                         the ranks given and prints why
 checkpoints and checks
   --save FILE            write the model to FILE (safetensors, GPT-2 names) and the optimizer state and
                          data position to FILE's name + ".optimizer" (asynchronously; atomic rename)
@@ -330,9 +331,6 @@ inline options parse_options(int argc, char** argv) {
           throw usage_error(std::string(flag) + " sets up the mixture of experts, and there is none: add --moe-experts E "
                             "(the experts of each MoE block), or drop " + flag);
   }
-  if (o.plan && (moe_given || o.ep > 1))
-    throw usage_error("--plan does not choose layouts for mixture-of-experts runs yet: give the layout yourself "
-                      "(--ep, --tp, --pp, --dp, --cp), or drop --plan");
   if (o.schedule != "gpipe" && o.schedule != "1f1b" && o.schedule != "interleaved" && o.schedule != "zb-h1")
     throw usage_error("--schedule '" + o.schedule + "' is not one train_gpt runs: use gpipe, 1f1b, interleaved or zb-h1" +
                       weft_programs::did_you_mean(o.schedule, weft_programs::listed_words("gpipe, 1f1b, interleaved, zb-h1")));

@@ -1,6 +1,7 @@
 #pragma once
 // train_gpt and weft's tuner: the model and software as the tuner sees them, the prediction for
-// the layout in use (--hardware), and the layout the tuner picks for the ranks given (--plan).
+// the layout in use (--hardware), and the layout the tuner picks for the ranks given (--plan),
+// expert parallelism included for a mixture of experts.
 
 #include <string>
 
@@ -13,17 +14,21 @@
 
 namespace train_gpt {
 
-/// GPT-2 as the tuner describes a model.
+/// GPT-2 as the tuner describes a model; a mixture of experts with its experts (each GPT-2's
+/// MLP, so the tuner's expert MLP size is the dense one's), top-k and MoE block frequency.
 inline weft::tune::model_desc tuner_model(const gpt_config& m) {
-  return {.layers = m.layers, .hidden = m.hidden, .heads = m.heads, .vocab = m.vocab, .seq = m.seq,
-          .tied_embeddings = true};
+  weft::tune::model_desc d{.layers = m.layers, .hidden = m.hidden, .heads = m.heads, .vocab = m.vocab, .seq = m.seq,
+                           .tied_embeddings = true};
+  if (m.moe_experts > 0) d.experts = m.moe_experts, d.top_k = m.moe_top_k, d.moe_every = m.moe_every;
+  return d;
 }
 
 /// What train_gpt can run: sequence, context and interleaved pipeline parallelism, gradient
 /// reduction overlapped with backward, ZeRO-1 with any layout and ZeRO-2/3 without pipeline
 /// stages, selective and full recomputation (--recompute); attention skips the masked half of
 /// the causal scores and never stores them (so the tuner weighs selective recomputation only
-/// when asked for it); float32 gradients.
+/// when asked for it); float32 gradients; experts split over ep, each run whole on every tp rank
+/// (expert-tp = tp, no parallel folding).
 inline weft::tune::software_desc tuner_software() {
   return {.flash_attention = true,
           .sequence_parallel = true,
@@ -34,6 +39,7 @@ inline weft::tune::software_desc tuner_software() {
           .max_sharding = weft::tune::sharding::full,
           .sharding_with_pipeline = false,
           .selective_recompute = true,
+          .expert_tp_folding = false,
           .gradient_bytes = 4};
 }
 

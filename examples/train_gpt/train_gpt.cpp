@@ -128,7 +128,7 @@ int run(const train_gpt::options& o) {
                                          world.size(), chosen.report.c_str());
       const weft::tune::layout_choice& c = chosen.layout;
       run_options.tp = c.parallel.tp, run_options.pp = c.parallel.pp, run_options.cp = c.parallel.cp;
-      run_options.dp = c.parallel.dp, run_options.vp = c.parallel.virtual_stages;
+      run_options.dp = c.parallel.dp, run_options.vp = c.parallel.virtual_stages, run_options.ep = c.parallel.ep;
       run_options.micro_batch = c.micro_batch, run_options.sequence_parallel = c.sequence_parallel;
       run_options.sharding = c.sharding_mode;
       run_options.recompute = c.recompute_mode;

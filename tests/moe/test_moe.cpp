@@ -15,6 +15,7 @@
 #include "blas_gemm.hpp"
 #endif
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -22,6 +23,35 @@
 
 using namespace moe_test;
 using Catch::Contains;
+
+// The MPI calls this program makes, counted through MPI's profiling interface: how many call
+// agreements (each one MPI_Allreduce) a dispatch and combine pay.
+struct mpi_call_counts {
+  int allreduce = 0, alltoall = 0, alltoallv = 0, allgather = 0;
+};
+static mpi_call_counts mpi_calls;
+
+extern "C" {
+int MPI_Allreduce(const void* send, void* recv, int count, MPI_Datatype type, MPI_Op op, MPI_Comm comm) {
+  ++mpi_calls.allreduce;
+  return PMPI_Allreduce(send, recv, count, type, op, comm);
+}
+int MPI_Alltoall(const void* send, int send_count, MPI_Datatype send_type, void* recv, int recv_count,
+                 MPI_Datatype recv_type, MPI_Comm comm) {
+  ++mpi_calls.alltoall;
+  return PMPI_Alltoall(send, send_count, send_type, recv, recv_count, recv_type, comm);
+}
+int MPI_Alltoallv(const void* send, const int send_counts[], const int send_displs[], MPI_Datatype send_type, void* recv,
+                  const int recv_counts[], const int recv_displs[], MPI_Datatype recv_type, MPI_Comm comm) {
+  ++mpi_calls.alltoallv;
+  return PMPI_Alltoallv(send, send_counts, send_displs, send_type, recv, recv_counts, recv_displs, recv_type, comm);
+}
+int MPI_Allgather(const void* send, int send_count, MPI_Datatype send_type, void* recv, int recv_count,
+                  MPI_Datatype recv_type, MPI_Comm comm) {
+  ++mpi_calls.allgather;
+  return PMPI_Allgather(send, send_count, send_type, recv, recv_count, recv_type, comm);
+}
+}
 
 namespace {
 
@@ -150,6 +180,112 @@ TEST_CASE("all_to_allv with counts that do not pair up: the same error on every 
   for (const auto& record : world.recorder().snapshot()) CHECK(weft::trace::finished(record.state));
   world.all_to_allv(send, std::span<const std::size_t>(send_counts), recv,
                     std::span<const std::size_t>(std::vector<std::size_t>(P, 1)));  // still usable
+}
+
+namespace {
+
+// Rows rank `source` sends expert e: ragged, with zeros; row i of them holds value(source, e, i, c).
+std::size_t rows_for(std::size_t source, std::size_t e) { return (source + 2 * e) % 3; }
+float row_value(std::size_t source, std::size_t e, std::size_t i, std::size_t c) {
+  return static_cast<float>(10000 * source + 100 * e + 10 * i + c);
+}
+
+// This rank's rows for the experts, grouped by expert (what the dispatcher sends), width w.
+std::vector<float> rows_grouped(std::size_t source, std::size_t w, std::vector<std::size_t>& per_expert) {
+  per_expert.assign(E, 0);
+  std::vector<float> rows;
+  for (std::size_t e = 0; e < E; ++e) {
+    per_expert[e] = rows_for(source, e);
+    for (std::size_t i = 0; i < per_expert[e]; ++i)
+      for (std::size_t c = 0; c < w; ++c) rows.push_back(row_value(source, e, i, c));
+  }
+  return rows;
+}
+
+}  // namespace
+
+TEST_CASE("dispatch and combine at the default check level: one call agreement, carried by the count exchange",
+          "[moe][comm]") {
+  comm_t world(weft::mpi_backend::comm::world(), "ep");
+  REQUIRE(world.checks() == weft::check_level::agreement);
+  const std::size_t P = static_cast<std::size_t>(world.size()), r = static_cast<std::size_t>(world.rank()), w = 3;
+  weft::moe::token_dispatcher<weft::mpi_backend> dispatcher(world, E);
+  std::vector<std::size_t> per_expert;
+  const std::vector<float> rows = rows_grouped(r, w, per_expert);
+  std::vector<float> received, back(rows.size());
+  auto round_trip = [&] {
+    dispatcher.plan(per_expert, w);
+    received.assign(dispatcher.rows_received() * w, -1.0f);
+    dispatcher.dispatch(std::span<const float>(rows), std::span<float>(received));
+    dispatcher.combine(std::span<const float>(received), std::span<float>(back));
+  };
+  const mpi_call_counts before = mpi_calls;
+  round_trip();
+  // The agreement's all-reduce before the count exchange, and none before the two all-to-allvs.
+  CHECK(mpi_calls.allreduce - before.allreduce == 1);
+  CHECK(mpi_calls.alltoall - before.alltoall == 1);
+  CHECK(mpi_calls.alltoallv - before.alltoallv == 2);
+  // Each source's rows for each local expert arrived where the plan says, and all came back.
+  const std::size_t local = E / P;
+  for (std::size_t source = 0; source < P; ++source)
+    for (std::size_t e = 0; e < local; ++e) {
+      const auto segment = dispatcher.received_segment(source, e);
+      REQUIRE(segment.rows == rows_for(source, r * local + e));
+      for (std::size_t i = 0; i < segment.rows; ++i)
+        for (std::size_t c = 0; c < w; ++c)
+          CHECK(received[(segment.first + i) * w + c] == row_value(source, r * local + e, i, c));
+    }
+  CHECK(back == rows);
+
+  // Another collective between: the plan's next dispatch agrees on its call again.
+  std::vector<double> one{1.0};
+  world.all_reduce(one);
+  const mpi_call_counts later = mpi_calls;
+  dispatcher.dispatch(std::span<const float>(rows), std::span<float>(received));
+  CHECK(mpi_calls.allreduce - later.allreduce == 1);
+
+  // At check_level::local nothing agrees; at communication every all_to_allv still compares its
+  // counts (an all-gather each), the exchange carrying nothing.
+  world.set_checks(weft::check_level::local);
+  const mpi_call_counts unchecked = mpi_calls;
+  round_trip();
+  CHECK(mpi_calls.allreduce - unchecked.allreduce == 0);
+  CHECK(back == rows);
+  world.set_checks(weft::check_level::communication);
+  const mpi_call_counts checked = mpi_calls;
+  round_trip();
+  CHECK(mpi_calls.allgather - checked.allgather == 5);  // the exchange's call, each all_to_allv's call and counts
+  CHECK(back == rows);
+}
+
+TEST_CASE("rows of another length on one rank: one error at the count exchange on every rank", "[moe][comm]") {
+  comm_t world(weft::mpi_backend::comm::world(), "ep");
+  world.set_timeout(std::chrono::seconds(30));  // a hang fails with the watchdog's message
+  const std::size_t r = static_cast<std::size_t>(world.rank()), last = static_cast<std::size_t>(world.size() - 1);
+  const std::size_t w = r == last ? 5 : 4;  // the last rank's rows are longer: MPI_ERR_TRUNCATE at its peers
+  weft::moe::token_dispatcher<weft::mpi_backend> dispatcher(world, E);
+  std::vector<std::size_t> per_expert;
+  const std::vector<float> rows = rows_grouped(r, w, per_expert);
+  std::string message;
+  try {
+    dispatcher.plan(per_expert, w);
+    std::vector<float> received(dispatcher.rows_received() * w), back(rows.size());
+    dispatcher.dispatch(std::span<const float>(rows), std::span<float>(received));
+    dispatcher.combine(std::span<const float>(received), std::span<float>(back));
+  } catch (const weft::error& e) {
+    message = e.what();
+  }
+  CHECK_THAT(message, Contains("exchange_counts on group 'ep' (rank " + std::to_string(r)) &&
+                          Contains("the ranks exchange rows of different shapes") &&
+                          Contains("rank 0: rows of 4 x float") &&
+                          Contains("rank " + std::to_string(last) + ": rows of 5 x float"));
+  // The group still works: the same rows on every rank go and come back.
+  const std::vector<float> same = rows_grouped(r, 4, per_expert);
+  dispatcher.plan(per_expert, 4);
+  std::vector<float> received(dispatcher.rows_received() * 4), back(same.size());
+  dispatcher.dispatch(std::span<const float>(same), std::span<float>(received));
+  dispatcher.combine(std::span<const float>(received), std::span<float>(back));
+  CHECK(back == same);
 }
 
 TEST_CASE("router: fp32 softmax, top-k with ties to the lower index, normalised weights", "[moe][router]") {

@@ -269,6 +269,40 @@ TEST_CASE("the tuner is told train_gpt runs selective and full recomputation, so
   CHECK(plan_layout(m, two_ranks(1e12), 4).layout.recompute_mode == weft::tune::recompute::none);
 }
 
+TEST_CASE("train_gpt's --plan for a mixture of experts: a layout the tuner ranks first for the MoE model, experts over ep") {
+  // The description train_gpt_vs_torch.moe.np4 plans its --plan layout with, and that test's model.
+  const weft::tune::measured_hardware hw = weft::tune::read_hardware(WEFT_TRAIN_GPT_TEST_DIR "/moe_plan_hardware.json");
+  gpt_config m = shape();  // 4 layers, hidden 64, 4 heads, vocabulary 256, sequences of 32
+  m.moe_experts = 4, m.moe_top_k = 2, m.moe_every = 2;
+  // The tuner's own words for this model: GPT-2 whose blocks 0 and 2 route each token to 2 of 4
+  // experts of GPT-2's MLP.
+  const weft::tune::model_desc moe{.layers = 4, .hidden = 64, .heads = 4, .vocab = 256, .seq = 32,
+                                   .tied_embeddings = true, .experts = 4, .top_k = 2, .moe_every = 2};
+  const weft::tune::search_options options{.top = 8, .software = tuner_software(), .calib = weft::tune::calibration_of(hw)};
+  const weft::tune::search_result ranked = weft::tune::search(moe, weft::tune::cluster_of(hw), {.global_batch = 4}, options);
+  REQUIRE(!ranked.plans.empty());
+  const planned_layout chosen = plan_layout(m, hw, 4);
+  bool first = false;  // plans tied with the first are first too
+  for (const weft::tune::plan& p : ranked.plans)
+    first = first || (p.time.step == ranked.plans.front().time.step && p.config.parallel.tp == chosen.layout.parallel.tp &&
+                      p.config.parallel.cp == chosen.layout.parallel.cp && p.config.parallel.pp == chosen.layout.parallel.pp &&
+                      p.config.parallel.dp == chosen.layout.parallel.dp && p.config.parallel.ep == chosen.layout.parallel.ep &&
+                      p.config.parallel.virtual_stages == chosen.layout.parallel.virtual_stages &&
+                      p.config.micro_batch == chosen.layout.micro_batch &&
+                      p.config.sharding_mode == chosen.layout.sharding_mode &&
+                      p.config.recompute_mode == chosen.layout.recompute_mode);
+  CHECK(first);
+  CHECK(chosen.layout.parallel.ep == 4);  // on this description the experts spread over every rank
+  CHECK_THAT(chosen.report, Catch::Contains("ep=4"));
+  // train_gpt runs each expert whole on every tp rank: the tuner is told not to fold expert-tp
+  // below tp (software that folds gets such layouts from the same search).
+  weft::tune::search_options folded = options;
+  folded.fixed.tp = 2, folded.fixed.expert_tp = 1;
+  CHECK(weft::tune::search(moe, weft::tune::cluster_of(hw), {.global_batch = 4}, folded).plans.empty());
+  folded.software.expert_tp_folding = true;
+  CHECK(!weft::tune::search(moe, weft::tune::cluster_of(hw), {.global_batch = 4}, folded).plans.empty());
+}
+
 TEST_CASE("an MoE model's blocks i % moe_every == 0 hold a router and E experts, named as issue 23 writes them") {
   gpt_config m = shape();  // 4 layers, hidden 64
   m.moe_experts = 3, m.moe_top_k = 2, m.moe_every = 2;

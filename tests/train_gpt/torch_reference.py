@@ -18,11 +18,13 @@ receives no token there. --moe-capacity-factor is checked on one rank, whose mic
 the same assignments as the reference.
 
 Each --layout runs LAUNCH with `-n RANKS` before its last word (the program) and FLAGS added, all
-against the same weights and tokens; without --layout, LAUNCH runs once as given.
+against the same weights and tokens; without --layout, LAUNCH runs once as given. A layout with
+--plan must also run the layout its printed plan puts first (tp, cp, ep, pp, dp).
 """
 import json
 import math
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -254,7 +256,19 @@ def check_run(launch, flags, weights, weights_path, tmp, gen, L, H, V, moe):
         flags += ["--data", shard_path]
     cmd = launch + ["--init-from", weights_path, "--steps", "1", "--dump-grads", dump_path, "--quiet"] + flags
     print("running:", " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True, timeout=240)
+    run = subprocess.run(cmd, check=True, timeout=240, stdout=subprocess.PIPE, text=True)
+    print(run.stdout, end="", flush=True)
+    if "--plan" in flags:
+        planned = re.search(r"Best: tp=(\d+) cp=(\d+) ep=(\d+) pp=(\d+) dp=(\d+)", run.stdout)
+        ran = re.search(r"ranks: tp (\d+) pp (\d+) dp (\d+) cp (\d+)", run.stdout)
+        experts = re.search(r"mixture of experts: .* ep (\d+)", run.stdout)
+        if not planned or not ran or (moe is not None and not experts):
+            return ["--plan: the output lacks the plan's 'Best:' line or the layout it ran"]
+        tp, cp, ep, pp, dp = planned.groups()
+        used = {"tp": ran[1], "pp": ran[2], "dp": ran[3], "cp": ran[4], "ep": experts[1] if experts else "1"}
+        if used != {"tp": tp, "cp": cp, "ep": ep, "pp": pp, "dp": dp}:
+            return [f"--plan ran {used}, not the plan it printed first (tp {tp} cp {cp} ep {ep} pp {pp} dp {dp})"]
+        print(f"--plan ran the tuner's first layout: tp {tp} cp {cp} ep {ep} pp {pp} dp {dp}")
     meta, dump = read_safetensors(dump_path)
     os.remove(dump_path)
 

@@ -98,6 +98,43 @@ inline std::uint64_t check_interval_from_environment() {
 }
 
 template <backend B>
+class communicator;
+
+/// The element counts of an all_to_allv and of its inverse (send and receive swapped), made by
+/// communicator::exchange_counts from counts of rows: rank i sends rank j the rows of its block j,
+/// each `row_elements` elements of `type`, and receives from rank j the rows that rank j's block i
+/// counts, so rank i's send count to j is rank j's receive count from i by construction. At
+/// check_level::agreement the exchange that made them also agreed on the row shape across the
+/// group, so an all_to_allv of these counts issued next on that group (and its inverse right
+/// after) needs no call agreement of its own (communicator::all_to_allv).
+class paired_counts {
+ public:
+  paired_counts() = default;
+  std::span<const std::size_t> send() const noexcept { return send_; }  ///< elements for each rank
+  std::span<const std::size_t> recv() const noexcept { return recv_; }  ///< elements from each rank
+  dtype type() const noexcept { return type_; }
+  std::size_t row_elements() const noexcept { return row_elements_; }
+  std::size_t sent() const noexcept { return sent_; }          ///< elements sent in all
+  std::size_t received() const noexcept { return received_; }  ///< elements received in all
+  /// The inverse exchange (a combine after a dispatch): what was received goes back.
+  paired_counts inverse() const {
+    paired_counts back = *this;
+    std::swap(back.send_, back.recv_);
+    std::swap(back.sent_, back.received_);
+    return back;
+  }
+
+ private:
+  template <backend>
+  friend class communicator;
+  std::vector<std::size_t> send_, recv_;
+  dtype type_ = dtype::float32;
+  std::size_t row_elements_ = 0, sent_ = 0, received_ = 0;
+  const void* exchanged_on_ = nullptr;  ///< the flight recorder of the group whose exchange made them
+  std::uint64_t exchange_ = 0;          ///< which of that group's count exchanges (0: none agreed)
+};
+
+template <backend B>
 class communicator {
  public:
   using backend_type = B;
@@ -132,6 +169,9 @@ class communicator {
         checks_(other.checks_),
         check_interval_(other.check_interval_),
         stats_(other.stats_),
+        count_exchanges_(other.count_exchanges_),
+        carried_exchange_(std::exchange(other.carried_exchange_, 0)),
+        carried_at_(other.carried_at_),
         anchor_(std::move(other.anchor_)) {
     if (anchor_) anchor_->target = this;
   }
@@ -145,6 +185,9 @@ class communicator {
       checks_ = other.checks_;
       check_interval_ = other.check_interval_;
       stats_ = other.stats_;
+      count_exchanges_ = other.count_exchanges_;
+      carried_exchange_ = std::exchange(other.carried_exchange_, 0);
+      carried_at_ = other.carried_at_;
       recorder_ = std::move(other.recorder_);
       watch_ = std::move(other.watch_);
       anchor_ = std::move(other.anchor_);
@@ -187,6 +230,7 @@ class communicator {
   check_level checks() const noexcept { return checks_; }
   void set_checks(check_level level) noexcept {
     checks_ = level;
+    carried_exchange_ = 0;  // an agreement made at another level carries nothing
     fold_agreement();
   }
 
@@ -376,7 +420,8 @@ class communicator {
   /// Rank i's send_counts[j] must equal rank j's recv_counts[i]: get the receive counts with
   /// exchange_counts first. At check_level::agreement the ranks agree on the call (operation and
   /// dtype) inside the collective; at check_level::communication every pair's counts are
-  /// compared too, so a mismatch is the same error on every rank. Not in place.
+  /// compared too, so a mismatch is the same error on every rank. Not in place. The forms taking
+  /// paired_counts use counts from exchange_counts of rows, which pair by construction.
   template <buffer S, mutable_buffer R>
     requires requires(native_type& c, const void* s, void* r, std::span<const std::size_t> n, dtype t) {
       c.all_to_allv(s, n, r, n, t, completion::async);
@@ -392,6 +437,26 @@ class communicator {
   void all_to_allv(S&& send, std::span<const std::size_t> send_counts, R&& recv,
                    std::span<const std::size_t> recv_counts) {
     all_to_allv_impl(send, send_counts, recv, recv_counts, completion::blocking).wait();
+  }
+  /// With counts from exchange_counts of rows (`counts.inverse()` for the way back). At
+  /// check_level::agreement on a backend that folds the agreement (MPI), the count exchange's
+  /// agreement carries this call's: issued on this group right after the exchange, or right
+  /// after another all_to_allv of the same counts, with no other collective between, it runs
+  /// without an agreement of its own (the exchange agreed on the element type and row length,
+  /// and the counts pair); otherwise it agrees on its call as any all_to_allv.
+  template <buffer S, mutable_buffer R>
+    requires requires(native_type& c, const void* s, void* r, std::span<const std::size_t> n, dtype t) {
+      c.all_to_allv(s, n, r, n, t, completion::async);
+    }
+  request all_to_allv_async(S&& send, R&& recv, const paired_counts& counts) {
+    return all_to_allv_paired(send, recv, counts, completion::async);
+  }
+  template <buffer S, mutable_buffer R>
+    requires requires(native_type& c, const void* s, void* r, std::span<const std::size_t> n, dtype t) {
+      c.all_to_allv(s, n, r, n, t, completion::blocking);
+    }
+  void all_to_allv(S&& send, R&& recv, const paired_counts& counts) {
+    all_to_allv_paired(send, recv, counts, completion::blocking).wait();
   }
 
   /// The count exchange before an all_to_allv: `send` holds size() blocks of equal length, block
@@ -414,6 +479,59 @@ class communicator {
         std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(from * send.size() + static_cast<std::size_t>(rank()) * block),
                     block, recv.begin() + static_cast<std::ptrdiff_t>(from * block));
     }
+  }
+
+  /// The count exchange of an all_to_allv of rows and of its inverse (MoE dispatch and combine):
+  /// as exchange_counts above, where each count is a number of rows of `row_elements` elements
+  /// of `type`, and block j of `send` counts the rows for rank j (in any subdivision: one count
+  /// per expert of rank j). Each rank's row shape travels with its counts and every rank compares
+  /// all of them, so rows that differ across ranks are the same error on every rank here, before
+  /// any row moves. Returns the element counts both ways; at check_level::agreement on MPI this
+  /// exchange's call agreement also stands for the all_to_allvs of the result that follow it
+  /// directly (all_to_allv with paired_counts): one agreement for a dispatch and its combine.
+  paired_counts exchange_counts(std::span<const std::int64_t> send, std::span<std::int64_t> recv, dtype type,
+                                std::size_t row_elements) {
+    expect_equal("exchange_counts", "send", send.size(), "recv", recv.size());
+    const std::size_t ranks = static_cast<std::size_t>(size());
+    if (send.size() % ranks != 0)
+      fail(where("exchange_counts") + ": " + std::to_string(send.size()) +
+           " counts do not split into equal blocks for " + std::to_string(ranks) + " ranks");
+    // Each block carries the sender's row shape after its counts.
+    const std::size_t block = send.size() / ranks, wide = block + 2;
+    std::vector<std::int64_t> out(ranks * wide), in(ranks * wide);
+    for (std::size_t j = 0; j < ranks; ++j) {
+      std::copy_n(send.begin() + static_cast<std::ptrdiff_t>(j * block), block,
+                  out.begin() + static_cast<std::ptrdiff_t>(j * wide));
+      out[j * wide + block] = static_cast<std::int64_t>(type);
+      out[j * wide + block + 1] = static_cast<std::int64_t>(row_elements);
+    }
+    exchange_counts(out, in);
+    bool same_rows = true;
+    for (std::size_t i = 0; i < ranks; ++i)
+      same_rows = same_rows && in[i * wide + block] == in[block] && in[i * wide + block + 1] == in[block + 1];
+    if (!same_rows) [[unlikely]]
+      rows_differ(in, wide, block);
+    paired_counts counts;
+    counts.send_.assign(ranks, 0);
+    counts.recv_.assign(ranks, 0);
+    for (std::size_t j = 0; j < ranks; ++j) {
+      std::size_t out_rows = 0, in_rows = 0;
+      for (std::size_t q = 0; q < block; ++q) {
+        out_rows += static_cast<std::size_t>(out[j * wide + q]);
+        in_rows += static_cast<std::size_t>(in[j * wide + q]);
+        recv[j * block + q] = in[j * wide + q];
+      }
+      counts.send_[j] = out_rows * row_elements, counts.recv_[j] = in_rows * row_elements;
+      counts.sent_ += counts.send_[j], counts.received_ += counts.recv_[j];
+    }
+    counts.type_ = type;
+    counts.row_elements_ = row_elements;
+    if (agreement_folded()) {
+      counts.exchanged_on_ = recorder_.get();
+      counts.exchange_ = carried_exchange_ = ++count_exchanges_;
+      carried_at_ = recorder_->collectives();
+    }
+    return counts;
   }
 
   // ---- point to point ----------------------------------------------------------------------
@@ -833,9 +951,41 @@ class communicator {
                     });
   }
 
+  /// check_level::agreement folded into each collective by the backend (MPI).
+  bool agreement_folded() const noexcept { return folds_call_agreement<B> && checks_ == check_level::agreement; }
+
+  /// The ranks' row shapes differ (every rank holds all of them, so all throw this).
+  [[noreturn, gnu::cold, gnu::noinline]] void rows_differ(const std::vector<std::int64_t>& in, std::size_t wide,
+                                                         std::size_t block) const {
+    std::string detail;
+    for (std::size_t i = 0; i < static_cast<std::size_t>(size()); ++i)
+      detail += "\n  rank " + std::to_string(i) + ": rows of " + std::to_string(in[i * wide + block + 1]) + " x " +
+                std::string(to_string(static_cast<dtype>(in[i * wide + block])));
+    fail(where("exchange_counts") + ": the ranks exchange rows of different shapes:" + detail +
+         "\nevery rank of the group must move rows of the same element type and length");
+  }
+
+  template <class S, class R>
+  request all_to_allv_paired(S&& send, R&& recv, const paired_counts& counts, completion how) {
+    if (counts.send_.size() != static_cast<std::size_t>(size()))
+      fail(where("all_to_allv") + ": the counts hold " + std::to_string(counts.send_.size()) +
+           " ranks, not this group's; pass counts from this group's exchange_counts");
+    if (dtype_of<buffer_element_t<R>> != counts.type_)
+      fail(where("all_to_allv") + ": the counts were exchanged for rows of " +
+           std::string(to_string(counts.type_)) + " but the buffers hold " +
+           std::string(to_string(dtype_of<buffer_element_t<R>>)));
+    // The exchange's agreement carries this call's only while nothing else ran on the group
+    // since: then every rank of a correct program decides alike, from the same calls.
+    const bool carried = agreement_folded() && counts.exchange_ != 0 && counts.exchanged_on_ == recorder_.get() &&
+                         counts.exchange_ == carried_exchange_ && recorder_->collectives() == carried_at_;
+    request pending = all_to_allv_impl(send, counts.send(), recv, counts.recv(), how, carried);
+    if (carried) carried_at_ = recorder_->collectives();
+    return pending;
+  }
+
   template <class S, class R>
   request all_to_allv_impl(S&& send, std::span<const std::size_t> send_counts, R&& recv,
-                           std::span<const std::size_t> recv_counts, completion how) {
+                           std::span<const std::size_t> recv_counts, completion how, bool agreed = false) {
     auto [s, r] = same_typed("all_to_allv", send, recv);
     const std::size_t ranks = static_cast<std::size_t>(size());
     expect_equal("all_to_allv", "send_counts", send_counts.size(), "the group", ranks);
@@ -848,7 +998,7 @@ class communicator {
            std::to_string(r.size()) + "; pass buffers at least as long as the counts' sums");
     if (sent > 0 && received > 0 && static_cast<const void*>(s.data()) == static_cast<const void*>(r.data()))
       fail(where("all_to_allv") + ": send and recv are the same buffer; all_to_allv is not in place");
-    agree_on_call(trace::operation::all_to_allv, ranks, dtype_of<buffer_element_t<R>>, reduce_op::sum, -1);
+    if (!agreed) agree_on_call(trace::operation::all_to_allv, ranks, dtype_of<buffer_element_t<R>>, reduce_op::sum, -1);
     if (checks_ == check_level::communication) [[unlikely]] {
       try {
         agree_on_counts(send_counts, recv_counts);
@@ -862,6 +1012,18 @@ class communicator {
     // recorder's fingerprint and weft-trace-diff compare counts across ranks.
     return dispatch(how, trace::operation::all_to_allv, dtype_of<buffer_element_t<R>>, ranks, -1, -1,
                     [&](completion mode) {
+                      if constexpr (folds_call_agreement<B>) {
+                        if (agreed) {
+                          // The backend reads the setting when the call is made, even for async calls.
+                          native_.agree_on_calls(false);
+                          struct refold {
+                            communicator& self;
+                            ~refold() { self.fold_agreement(); }
+                          } restore{*this};
+                          return native_.all_to_allv(s.data(), send_counts, r.data(), recv_counts,
+                                                     dtype_of<buffer_element_t<R>>, mode);
+                        }
+                      }
                       return native_.all_to_allv(s.data(), send_counts, r.data(), recv_counts,
                                                  dtype_of<buffer_element_t<R>>, mode);
                     });
@@ -927,6 +1089,9 @@ class communicator {
   std::uint64_t check_interval_ = 1;
   std::uint64_t checked_sequence_ = 0;  ///< set by check_call, taken by the next dispatch
   comm_stats stats_;
+  std::uint64_t count_exchanges_ = 0;   ///< exchanges of rows made at check_level::agreement
+  std::uint64_t carried_exchange_ = 0;  ///< the one whose agreement carries the next all_to_allv (0: none)
+  std::uint64_t carried_at_ = 0;        ///< ... while the group's collectives number this many
   std::shared_ptr<detail::communicator_anchor<B>> anchor_;
 };
 

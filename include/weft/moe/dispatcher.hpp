@@ -4,12 +4,18 @@
 /// ranks in order (rank r owns experts r·E/ep .. (r+1)·E/ep - 1), so rows permuted by expert
 /// (permutation.hpp) are already grouped by destination rank.
 ///
-///  - plan(rows per expert): the counts are exchanged first (communicator::exchange_counts), so
-///    every rank learns how many rows each source sends to each of its local experts;
+///  - plan(rows per expert, row length): the counts are exchanged first
+///    (communicator::exchange_counts of rows), so every rank learns how many rows each source
+///    sends to each of its local experts, and the ranks' row shapes are compared there;
 ///  - dispatch(rows): one all_to_allv; received rows lie by source rank, then by local expert
 ///    (segment(source, e) says where), and are not copied again: the experts run one product per
 ///    segment;
 ///  - combine(rows): the inverse all_to_allv, back to the senders in their order.
+///
+/// At the default check level (agreement) the count exchange's call agreement stands for the
+/// dispatch and combine that follow it directly: one agreement a layer's forward, not three
+/// (communicator::all_to_allv with paired_counts). A backward's dispatch and combine, run later
+/// with the same plan, agree on their calls as usual.
 ///
 /// Any count may be zero: a rank that sends nothing, a rank or an expert that receives nothing.
 
@@ -42,15 +48,19 @@ class token_dispatcher {
   /// The first (global) expert this rank owns.
   std::size_t first_expert() const { return static_cast<std::size_t>(ep_.get().rank()) * local_; }
 
-  /// Exchanges the counts: `rows_per_expert` [E] is how many rows this rank sends to each expert.
-  void plan(std::span<const std::size_t> rows_per_expert) {
+  /// Exchanges the counts: `rows_per_expert` [E] is how many rows this rank sends to each expert;
+  /// every row moved with this plan is `width` elements of T (the same on every rank).
+  template <class T = float>
+  void plan(std::span<const std::size_t> rows_per_expert, std::size_t width) {
     communicator<B>& ep = ep_.get();
     if (rows_per_expert.size() != experts_)
       fail("weft::moe::token_dispatcher::plan on group '" + ep.name() + "': " + std::to_string(rows_per_expert.size()) +
            " counts for " + std::to_string(experts_) + " experts");
     std::vector<std::int64_t> mine(rows_per_expert.begin(), rows_per_expert.end());
     received_.assign(experts_, 0);
-    ep.exchange_counts(mine, received_);
+    counts_ = ep.exchange_counts(mine, received_, dtype_of<T>, width);
+    inverse_ = counts_.inverse();
+    width_ = width;
     send_rows_.assign(ranks_, 0);
     recv_rows_.assign(ranks_, 0);
     for (std::size_t r = 0; r < ranks_; ++r)
@@ -82,33 +92,26 @@ class token_dispatcher {
     return n;
   }
 
-  /// rows [rows_sent(), width], grouped by expert -> received [rows_received(), width].
+  /// The row length the plan was made for.
+  std::size_t width() const noexcept { return width_; }
+
+  /// rows [rows_sent(), width()], grouped by expert -> received [rows_received(), width()].
   template <class T>
-  void dispatch(std::span<const T> rows, std::size_t width, std::span<T> received) {
-    exchange(rows, send_rows_, received, recv_rows_, width);
+  void dispatch(std::span<const T> rows, std::span<T> received) {
+    ep_.get().all_to_allv(rows, received, counts_);
   }
-  /// The inverse: rows [rows_received(), width] as received -> returned [rows_sent(), width].
+  /// The inverse: rows [rows_received(), width()] as received -> returned [rows_sent(), width()].
   template <class T>
-  void combine(std::span<const T> rows, std::size_t width, std::span<T> returned) {
-    exchange(rows, recv_rows_, returned, send_rows_, width);
+  void combine(std::span<const T> rows, std::span<T> returned) {
+    ep_.get().all_to_allv(rows, returned, inverse_);
   }
 
  private:
-  template <class T>
-  void exchange(std::span<const T> send, const std::vector<std::size_t>& send_rows, std::span<T> recv,
-                const std::vector<std::size_t>& recv_rows, std::size_t width) {
-    send_elements_.resize(ranks_);
-    recv_elements_.resize(ranks_);
-    for (std::size_t r = 0; r < ranks_; ++r) send_elements_[r] = send_rows[r] * width, recv_elements_[r] = recv_rows[r] * width;
-    ep_.get().all_to_allv(send, std::span<const std::size_t>(send_elements_), recv,
-                          std::span<const std::size_t>(recv_elements_));
-  }
-
   communicator_ref<B> ep_;
-  std::size_t experts_ = 0, ranks_ = 1, local_ = 0;
+  std::size_t experts_ = 0, ranks_ = 1, local_ = 0, width_ = 0;
   std::vector<std::int64_t> received_;  ///< [ep, local experts]: rows from each source for each local expert
   std::vector<std::size_t> send_rows_, recv_rows_;  ///< [ep]
-  std::vector<std::size_t> send_elements_, recv_elements_;
+  paired_counts counts_, inverse_;  ///< elements for and from each rank: dispatch's, combine's
   std::size_t sent_ = 0, received_total_ = 0;
 };
 

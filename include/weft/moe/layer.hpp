@@ -102,9 +102,9 @@ class moe_layer {
     std::vector<float> rows(permutation_.source.size() * C);
     gather_rows(h, C, permutation_, std::span<float>(rows));
 
-    dispatcher_.plan(permutation_.per_expert);
+    dispatcher_.plan(permutation_.per_expert, C);
     received_.resize(dispatcher_.rows_received() * C);
-    dispatcher_.dispatch(std::span<const float>(rows), C, std::span<float>(received_));
+    dispatcher_.dispatch(std::span<const float>(rows), std::span<float>(received_));
 
     std::vector<float> out(received_.size());
     activations_.assign(local_experts() * ranks(), {});
@@ -114,7 +114,7 @@ class moe_layer {
     });
 
     combined_.resize(rows.size());
-    dispatcher_.combine(std::span<const float>(out), C, std::span<float>(combined_));
+    dispatcher_.combine(std::span<const float>(out), std::span<float>(combined_));
     std::fill(y.begin(), y.end(), 0.0f);
     scatter_add_rows(std::span<const float>(combined_), C, permutation_, std::span<const float>(routing_.weight), y);
     return {losses_.aux, losses_.z, permutation_.dropped};
@@ -147,14 +147,14 @@ class moe_layer {
     }
 
     std::vector<float> d_received(received_.size()), d_x(received_.size());
-    dispatcher_.dispatch(std::span<const float>(d_rows), C, std::span<float>(d_received));
+    dispatcher_.dispatch(std::span<const float>(d_rows), std::span<float>(d_received));
     for_each_segment([&](std::size_t e, std::size_t source, std::size_t first, std::size_t n) {
       expert_backward(gemm_, weights.experts[e], C, shape_.ffn, received_.data() + first * C, n,
                       activations_[e * ranks() + source], d_received.data() + first * C, d_x.data() + first * C,
                       grads.experts[e]);
     });
     std::vector<float> d_returned(kept * C);
-    dispatcher_.combine(std::span<const float>(d_x), C, std::span<float>(d_returned));
+    dispatcher_.combine(std::span<const float>(d_x), std::span<float>(d_returned));
 
     std::fill(dh.begin(), dh.end(), 0.0f);
     scatter_add_rows(std::span<const float>(d_returned), C, permutation_, std::span<const float>(), dh);

@@ -95,6 +95,10 @@ struct software_desc {
   /// Selective recomputation (only the attention core; Korthikanti et al. 2022) is available.
   /// Software older than that paper checkpoints whole layers or nothing.
   bool selective_recompute = true;
+  /// Routed experts may be split over fewer tensor-parallel ranks than the dense layers
+  /// (expert-tp 1 with tp > 1: Megatron-Core's parallel folding). False where every tp rank runs
+  /// each expert as the dense MLP is run (expert-tp = tp).
+  bool expert_tp_folding = true;
   /// Bytes per element of the gradient buffers and of their data-parallel reduction: 4 for fp32
   /// accumulation (bf16 training, Megatron-Core, FSDP with fp32 reduce), 2 for fp16 training that
   /// keeps and reduces gradients in fp16 (Megatron-LM 2021, GPT-NeoX).

@@ -131,7 +131,7 @@ inline search_result search(const model_desc& model, const cluster_desc& cluster
           for (int ep = 1; ep <= max_ep; ++ep) {
             if (!weft::layout::ep_splits_experts(model.experts, ep) || !detail::keep(fx.ep, ep)) continue;
             if (ep > 1 && tp > 1 && !sp) continue;  // Megatron-Core: ep with tp needs sequence parallelism
-            for (int folded = 0; folded <= (is_moe(model) && tp > 1 ? 1 : 0); ++folded) {
+            for (int folded = 0; folded <= (is_moe(model) && tp > 1 && sw.expert_tp_folding ? 1 : 0); ++folded) {
               const int etp = folded ? 1 : tp;
               if (!detail::keep(fx.expert_tp, etp) || (tp * cp * dp) % (ep * etp)) continue;
               const detail::layer_costs costs = ev.costs(tp, cp, sp, mb, ep, etp);
