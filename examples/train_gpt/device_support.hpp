@@ -1,9 +1,11 @@
 #pragma once
-// What the trainer on GPUs (cuda/trainer.cpp) takes: data parallelism alone (one GPU a rank), fp32,
-// the dense model, every activation and the whole optimizer state on each GPU, no checkpoints,
-// validation, traces or JSON logs. A pure check of the flags and the resolved layout, so its
+// What the trainer on GPUs (cuda/trainer.cpp) takes: data parallelism alone (one GPU a rank), fp32
+// or bf16, the dense model, every activation on each GPU and the optimizer state whole or as a
+// ZeRO-1 shard, the checkpoint files of --save and --resume (without ZeRO-1); no distributed checkpoints, initial weights from a
+// file, validation, traces or JSON logs. A pure check of the flags and the resolved layout, so its
 // messages are testable on a CPU and every rank decides alike.
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <utility>
@@ -28,21 +30,42 @@ inline std::optional<std::string> cuda_trainer_refusal(const options& o, const w
   if (o.model.moe_experts > 0)
     return std::string("the trainer on the GPU runs the dense model (no mixture of experts on it yet): drop "
                        "--moe-experts, or use --device cpu");
-  if (o.precision != precision_kind::fp32)
-    return std::string("the trainer on the GPU trains in fp32 (bf16 is not on it yet): drop --precision bf16");
-  if (o.sharding != weft::tune::sharding::none || o.recompute != weft::tune::recompute::none)
-    return std::string("the trainer on the GPU keeps every activation and the whole optimizer state on its GPU: drop "
-                       "--sharding and --recompute, or use --device cpu");
+  // The bf16 products read rows of 16 bytes: the hidden size and the padded vocabulary (the
+  // tied output layer's width on the GPU) are multiples of 8.
+  if (o.precision == precision_kind::bf16 && o.model.hidden % 8 != 0)
+    return "--precision bf16 needs --hidden a multiple of 8 (the bf16 products read rows of 16 bytes), and it is " +
+           std::to_string(o.model.hidden) + ": give --hidden " + std::to_string((o.model.hidden / 8 + 1) * 8) +
+           ", or train in fp32";
+  const long long divisor = std::max(o.model.vocab_divisible_by, 1);
+  if (o.precision == precision_kind::bf16 && (o.model.vocab + divisor - 1) / divisor * divisor % 8 != 0)
+    return "--precision bf16 needs the padded vocabulary a multiple of 8 (the bf16 products read rows of 16 bytes), "
+           "and --vocab " + std::to_string(o.model.vocab) + " padded to a multiple of --make-vocab-size-divisible-by " +
+           std::to_string(divisor) + " is not: give --make-vocab-size-divisible-by 8 (or a multiple of it), or train "
+           "in fp32";
+  if ((o.sharding != weft::tune::sharding::none && o.sharding != weft::tune::sharding::optimizer) ||
+      o.recompute != weft::tune::recompute::none)
+    return std::string("the trainer on the GPU keeps every activation, every gradient and the parameters whole on its "
+                       "GPU (ZeRO-1 alone shards the optimizer state): drop --recompute and use --sharding none or "
+                       "zero1, or use --device cpu");
+  // ZeRO-1's moments are sharded over the dp ranks and its gradients reduce-scattered: what the
+  // checkpoint files and the gradient dump hold whole.
+  if (o.zero1)
+    for (const auto& [given, flag] : std::vector<std::pair<bool, const char*>>{
+             {o.save.has_value(), "--save"}, {o.resume.has_value(), "--resume"}, {o.dump_grads.has_value(), "--dump-grads"}})
+      if (given)
+        return std::string("the trainer on the GPU does not take ") + flag +
+               " with --zero1 (its optimizer state and reduced gradients are sharded over the dp ranks, and the "
+               "checkpoint files and the gradient dump hold them whole): drop --zero1, or use --device cpu";
   const std::vector<std::pair<bool, const char*>> cpu_only = {
-      {o.save.has_value(), "--save"},         {o.save_dir.has_value(), "--save-dir"},
-      {o.resume.has_value(), "--resume"},     {o.init_from.has_value(), "--init-from"},
+      {o.save_dir.has_value(), "--save-dir"}, {o.init_from.has_value(), "--init-from"},
       {o.val_data.has_value(), "--val-data"}, {o.trace.has_value(), "--trace"},
       {o.log_json.has_value(), "--log-json"}, {o.hardware.has_value(), "--hardware"}};
   for (const auto& [given, flag] : cpu_only)
     if (given)
       return std::string("the trainer on the GPU does not take ") + flag +
-             " (checkpoints, initial weights from a file, validation, traces, JSON logs and the tuner's hardware "
-             "description are the CPU trainer's): drop it, or use --device cpu";
+             " (distributed checkpoints, initial weights from a file, validation, traces, JSON logs and the tuner's "
+             "hardware description are the CPU trainer's; it saves and resumes with --save and --resume FILE): drop "
+             "it, or use --device cpu";
   return std::nullopt;
 }
 

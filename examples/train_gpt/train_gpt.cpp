@@ -70,11 +70,28 @@ train_gpt::gpt_config model_shape(const train_gpt::options& o) {
   return m;
 }
 
+/// Where checkpoints go, checked before the first step, not at the first save steps later (collective
+/// over `world`): --save-dir by every rank (each writes its part), --save's folder by rank 0 (it
+/// writes the whole file); an input_error alike on every rank.
+void check_checkpoint_folders(const train_gpt::options& o, weft::communicator<weft::mpi_backend>& world) {
+  try {
+    const auto exchange = weft::checkpoint::exchange_over(world);
+    if (o.save_dir) weft::checkpoint::check_writable(world.rank(), world.size(), exchange, *o.save_dir);
+    if (o.save) {
+      const std::filesystem::path folder = std::filesystem::path(*o.save).parent_path();
+      weft::checkpoint::check_writable(world.rank(), world.size(), exchange, folder.empty() ? "." : folder,
+                                       world.rank() == 0);
+    }
+  } catch (const std::runtime_error& e) {  // weft::error included: every rank alike
+    throw input_error(e.what());
+  }
+}
+
 /// --device and --precision against what the job has: whether the trainer on the GPU takes the
 /// run (its layout and flags), and whether every rank sees a GPU (each rank probes its own CUDA
 /// runtime; the counts are all-reduced, so every rank decides alike and a refusal stops every rank
 /// with one message). Where the answer cannot be CUDA whatever the machine has (--device cpu, or
-/// auto in fp32 for a run the GPU trainer does not take: tp, pp, cp, sharding, checkpoints, ...),
+/// auto in fp32 for a run the GPU trainer does not take: tp, pp, cp, sharding, --save-dir, ...),
 /// nothing is probed and nothing exchanged, so the CPU run starts as it always has.
 train_gpt::device_kind job_device(const train_gpt::options& o, const train_gpt::run_layout& layout,
                                   weft::communicator<weft::mpi_backend>& world) {
@@ -143,8 +160,10 @@ int run(const train_gpt::options& o) {
   } catch (const std::runtime_error& e) {
     throw input_error(e.what());
   }
-  if (job_device(run_options, layout, world) == train_gpt::device_kind::cuda)
+  if (job_device(run_options, layout, world) == train_gpt::device_kind::cuda) {
+    check_checkpoint_folders(o, world);
     return train_gpt::train_on_cuda(run_options, m, layout, *data);
+  }
   std::optional<double> predicted;
   if (hardware) {
     weft::tune::layout_choice choice = layout.choice;
@@ -172,16 +191,8 @@ int run(const train_gpt::options& o) {
                                           : ", dropless");
   if (predicted && world.rank() == 0)
     std::printf("the tuner predicts %.1f ms per step for this layout on '%s'\n", *predicted * 1e3, o.hardware->c_str());
+  check_checkpoint_folders(o, world);
   try {
-    // Where checkpoints go is checked now, not at the first save steps later: --save-dir by every
-    // rank (each writes its part), --save's folder by rank 0 (it writes the whole file).
-    const auto exchange = weft::checkpoint::exchange_over(world);
-    if (o.save_dir) weft::checkpoint::check_writable(world.rank(), world.size(), exchange, *o.save_dir);
-    if (o.save) {
-      const std::filesystem::path folder = std::filesystem::path(*o.save).parent_path();
-      weft::checkpoint::check_writable(world.rank(), world.size(), exchange, folder.empty() ? "." : folder,
-                                       world.rank() == 0);
-    }
     if (o.resume) {
       trainer.resume(*o.resume);
     } else {

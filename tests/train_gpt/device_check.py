@@ -12,7 +12,7 @@
 2. 20 steps on each: every loss within 2e-4 relative of the CPU's (AdamW compounds the first
    step's rounding);
 3. two GPU runs print the same 20 losses to the last digit (every kernel is deterministic);
-4. the GPU's refusals name what to do: tp 2, --precision bf16, --save.
+4. the GPU's refusals name what to do: tp 2, --precision bf16 on a hidden size of 60, --save-dir.
 
 --rank-wrapper runs each rank of the two-rank runs through SCRIPT (tests/nccl/per_rank_hostid.sh,
 where the ranks share one GPU).
@@ -105,10 +105,10 @@ def main():
         refusals = [
             (two + MODEL + ["--device", "cuda", "--tp", "2", "--steps", "1"],
              "--device cuda: the trainer on the GPU runs data parallelism alone"),
-            (one + MODEL + ["--device", "cuda", "--precision", "bf16", "--steps", "1"],
-             "--device cuda: the trainer on the GPU trains in fp32"),
-            (one + MODEL + ["--device", "cuda", "--steps", "1", "--save", os.path.join(tmp, "m.safetensors")],
-             "--device cuda: the trainer on the GPU does not take --save"),
+            (one + MODEL + ["--device", "cuda", "--precision", "bf16", "--hidden", "60", "--steps", "1"],
+             "--device cuda: --precision bf16 needs --hidden a multiple of 8"),
+            (one + MODEL + ["--device", "cuda", "--steps", "1", "--save-dir", os.path.join(tmp, "ckpt")],
+             "--device cuda: the trainer on the GPU does not take --save-dir"),
         ]
         for command, fragment in refusals:
             text = run(command, expect=1)

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <stdexcept>
@@ -280,6 +281,137 @@ TEST_CASE_METHOD(fixture, "GELU forward and backward, the residual add") {
   cpu_kernels::residual_add(a.data(), o.data(), b.data(), r.data(), T, c);
   k.residual_add(ad, od, bd, rd, T, c);
   CHECK(rd.get() == r);
+}
+
+TEST_CASE_METHOD(fixture, "bf16 GELU and residual add against their fp32 kernels on the same rounded inputs") {
+  // Each computes in fp32 from exactly widened inputs and rounds once: GELU within a bf16 rounding
+  // of the fp32 kernel's (2^-9 relative, so 4e-3 of the largest), the residual add (two float
+  // additions in the same order) the fp32 kernel's result rounded to nearest, to the bit.
+  gpu::kernels k(stream);
+  std::mt19937 rng(11);
+  const std::size_t n = 10007, T = 77, c = 136;
+  const auto [x, xh] = to_bf16(random_floats(n, rng, 3.0f));
+  const auto [dy, dyh] = to_bf16(random_floats(n, rng));
+  device<float> xf(x), yf(n), dyf(dy), dxf(n);
+  device<gpu::bf16> xb(xh), yb(n), dyb(dyh), dxb(n);
+  k.gelu_forward(xf, yf, n);
+  k.gelu_forward(xb, yb, n);
+  require_close(from_bf16(yb.get()), yf.get(), 4e-3, 0, "bf16 gelu");
+  k.gelu_backward(xf, dyf, dxf, n);
+  k.gelu_backward(xb, dyb, dxb, n);
+  require_close(from_bf16(dxb.get()), dxf.get(), 4e-3, 0, "bf16 gelu backward");
+
+  const auto [a, ah] = to_bf16(random_floats(T * c, rng));
+  const auto [o, oh] = to_bf16(random_floats(T * c, rng));
+  const auto [b, bh] = to_bf16(random_floats(c, rng));
+  device<float> af(a), of(o), bf(b), rf(T * c);
+  device<gpu::bf16> ab(ah), ob(oh), bb(bh), rb(T * c);
+  k.residual_add(af, of, bf, rf, T, c);
+  k.residual_add(ab, ob, bb, rb, T, c);
+  CHECK(from_bf16(rb.get()) == to_bf16(rf.get()).first);
+}
+
+TEST_CASE_METHOD(fixture, "fp32 <-> bf16 conversions: round to nearest even, widen exactly, column ranges") {
+  gpu::kernels k(stream);
+  std::mt19937 rng(12);
+  // An independent rounding: add half an ulp of bf16 (less one, plus the kept bit: ties to even)
+  // to the float's bits and keep the top 16.
+  auto round_bits = [](float f) {
+    std::uint32_t u = 0;
+    std::memcpy(&u, &f, 4);
+    return static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  };
+  auto bits_of = [](gpu::bf16 h) {
+    std::uint16_t u = 0;
+    std::memcpy(&u, &h, 2);
+    return u;
+  };
+  auto widen = [](std::uint16_t b) {
+    const std::uint32_t u = static_cast<std::uint32_t>(b) << 16;
+    float f = 0;
+    std::memcpy(&f, &u, 4);
+    return f;
+  };
+  std::vector<float> x = random_floats(1001, rng, 100.0f);
+  // Ties: 1 + 2^-8 rounds down to 1 (even), 1 + 3 x 2^-8 up to 1 + 2^-6; and signs, zero, tiny, huge.
+  for (float v : {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, -(1.0f + 0x1p-8f), 0.0f, -0.0f, 1e-30f, 3e38f, -2.5f})
+    x.push_back(v);
+  const std::size_t n = x.size();
+  device<float> xd(x), back(n);
+  device<gpu::bf16> hd(n);
+  k.convert(xd, hd, n);
+  const std::vector<gpu::bf16> h = hd.get();
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < n; ++i) wrong += bits_of(h[i]) != round_bits(x[i]);
+  CHECK(wrong == 0);
+  CHECK(widen(bits_of(h[n - 8])) == 1.0f);
+  CHECK(widen(bits_of(h[n - 7])) == 1.0f + 0x1p-6f);
+  k.convert(hd, back, n);
+  const std::vector<float> wide = back.get();
+  for (std::size_t i = 0; i < n; ++i) {
+    const float expected = widen(bits_of(h[i]));
+    wrong += std::memcmp(&wide[i], &expected, 4) != 0;  // bits: -0 stays -0
+  }
+  CHECK(wrong == 0);
+
+  // Columns: the middle block of a [rows, 3 c] array to bf16 [rows, c] and back into the middle of
+  // a wider fp32 array whose other columns keep their values.
+  const std::size_t rows = 37, c = 24;
+  const auto qkv = random_floats(rows * 3 * c, rng);
+  device<float> qkvd(qkv);
+  device<gpu::bf16> middle(rows * c);
+  k.convert_columns(qkvd.data() + c, 3 * c, middle, c, c, rows);
+  const std::vector<gpu::bf16> m = middle.get();
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t j = 0; j < c; ++j) wrong += bits_of(m[r * c + j]) != round_bits(qkv[r * 3 * c + c + j]);
+  CHECK(wrong == 0);
+  const std::size_t wide_cols = 2 * c + 5;
+  const auto before = random_floats(rows * wide_cols, rng);
+  device<float> target(before);
+  k.convert_columns(middle, c, target.data() + 3, wide_cols, c, rows);
+  const std::vector<float> after = target.get();
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t j = 0; j < wide_cols; ++j) {
+      const float expected = j >= 3 && j < 3 + c ? widen(bits_of(m[r * c + j - 3])) : before[r * wide_cols + j];
+      wrong += after[r * wide_cols + j] != expected;
+    }
+  CHECK(wrong == 0);
+}
+
+TEST_CASE_METHOD(fixture, "bf16 column sums and tied output layer against their fp32 kernels on the same rounded inputs") {
+  gpu::kernels k(stream);
+  std::mt19937 rng(13);
+  // Column sums: bf16 widened exactly, then the fp32 kernel's sums in its order: the same bits.
+  const std::size_t rows = 4097, cols = 72;
+  const auto [g, gh] = to_bf16(random_floats(rows * cols, rng));
+  const auto s0 = random_floats(cols, rng);
+  device<float> gf(g), sf(s0), sb(s0);
+  device<gpu::bf16> gb(gh);
+  k.column_sums(gf, sf, rows, cols);
+  k.column_sums(gb, sb, rows, cols);
+  CHECK(sb.get() == sf.get());
+
+  // The tied output layer on a padded vocabulary (a multiple of 8: bf16 rows of 16 bytes). Products
+  // of bf16 are exact in fp32 and both sum in fp32, in their own orders: the fp32 results (logits,
+  // dwte) within 1e-4 of the largest (72 and 29 terms, with tensor cores' accumulation), the bf16
+  // dh within one bf16 rounding (8e-3, as the bf16 linear layers).
+  const std::size_t T = 29, c = 72, V = 1008;
+  const auto [h, hh] = to_bf16(random_floats(T * c, rng));
+  const auto [wte, wteh] = to_bf16(random_floats(V * c, rng, 0.1f));
+  const auto [dl, dlh] = to_bf16(random_floats(T * V, rng, 0.01f));
+  const auto dwte0 = random_floats(V * c, rng);
+  device<float> hf(h), wtef(wte), dlf(dl), logitsf(T * V), dhf(T * c), dwtef(dwte0);
+  device<gpu::bf16> hb(hh), wteb(wteh), dlb(dlh), dhb(T * c);
+  device<float> logitsb(T * V), dwteb(dwte0);
+  k.logits_forward(hf, wtef, logitsf, T, c, V);
+  k.logits_forward(hb, wteb, logitsb, T, c, V);
+  require_close(logitsb.get(), logitsf.get(), 1e-4, 0, "bf16 logits (fp32 out)");
+  k.logits_backward_input(wtef, dlf, dhf, T, c, V);
+  k.logits_backward_input(wteb, dlb, dhb, T, c, V);
+  require_close(from_bf16(dhb.get()), dhf.get(), 8e-3, 0, "bf16 dh");
+  k.logits_backward_weight(hf, dlf, dwtef, T, c, V);
+  k.logits_backward_weight(hb, dlb, dwteb, T, c, V);
+  require_close(dwteb.get(), dwtef.get(), 1e-4, 0, "bf16 dwte (fp32, added)");
 }
 
 TEST_CASE_METHOD(fixture, "embeddings: forward exact; backward exact and the same bits on every run") {

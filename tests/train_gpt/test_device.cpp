@@ -93,11 +93,15 @@ TEST_CASE("--precision bf16 is refused where the run trains on the CPU") {
             "and --device auto chose the CPU: this train_gpt was built without CUDA") != std::string::npos);
   CHECK(refusal(device_kind::automatic, bf16, cuda_build(0, std::nullopt, 1)).find(
             "and --device auto chose the CPU: no CUDA GPU is visible to rank 1:") != std::string::npos);
-  CHECK(refusal(device_kind::automatic, bf16, cuda_build(2, "the trainer on the GPU trains in fp32")).find(
-            "and --device auto chose the CPU: the trainer on the GPU trains in fp32") != std::string::npos);
+  CHECK(refusal(device_kind::automatic, bf16, cuda_build(2, "the trainer on the GPU runs data parallelism alone")).find(
+            "and --device auto chose the CPU: the trainer on the GPU runs data parallelism alone") != std::string::npos);
+  // Where the GPU trainer takes the run, bf16 is its.
+  CHECK(choose_device(device_kind::automatic, bf16, cuda_build(2)) == device_kind::cuda);
+  CHECK(choose_device(device_kind::cuda, bf16, cuda_build(1)) == device_kind::cuda);
 }
 
-TEST_CASE("the trainer on GPUs takes data parallelism in fp32 without checkpoints, and says what to do otherwise") {
+TEST_CASE("the trainer on GPUs takes data parallelism in fp32 or bf16 with --save and --resume, and says what to do "
+          "otherwise") {
   options o;
   CHECK_FALSE(cuda_trainer_refusal(o, one_rank(), 1).has_value());
   o.micro_batch = 4;
@@ -122,20 +126,73 @@ TEST_CASE("the trainer on GPUs takes data parallelism in fp32 without checkpoint
     CHECK(cuda_trainer_refusal(o, d, 2).value_or("").find("runs data parallelism alone") != std::string::npos);
   }
 
+  // bf16 on GPT-2's shapes (the default model's, and GPT-2 small's vocabulary padded to 50304).
   options bf16;
   bf16.precision = precision_kind::bf16;
-  CHECK(cuda_trainer_refusal(bf16, one_rank(), 1).value_or("").find("trains in fp32") != std::string::npos);
+  CHECK_FALSE(cuda_trainer_refusal(bf16, one_rank(), 1).has_value());
+  bf16.model.vocab = 50257;
+  bf16.model.hidden = 768;
+  CHECK_FALSE(cuda_trainer_refusal(bf16, dp2, 2).has_value());
+  // Its products need rows of 16 bytes: the hidden size and the padded vocabulary multiples of 8.
+  bf16.model.hidden = 100;
+  CHECK(cuda_trainer_refusal(bf16, one_rank(), 1) ==
+        std::string("--precision bf16 needs --hidden a multiple of 8 (the bf16 products read rows of 16 bytes), and it "
+                    "is 100: give --hidden 104, or train in fp32"));
+  bf16.precision = precision_kind::fp32;
+  CHECK_FALSE(cuda_trainer_refusal(bf16, one_rank(), 1).has_value());  // fp32 takes any size
+  bf16.precision = precision_kind::bf16;
+  bf16.model.hidden = 768;
+  bf16.model.vocab_divisible_by = 1;
+  CHECK(cuda_trainer_refusal(bf16, one_rank(), 1).value_or("").find(
+            "--vocab 50257 padded to a multiple of --make-vocab-size-divisible-by 1 is not: give "
+            "--make-vocab-size-divisible-by 8") != std::string::npos);
+  bf16.model.vocab_divisible_by = 8;
+  CHECK_FALSE(cuda_trainer_refusal(bf16, one_rank(), 1).has_value());  // 50264
+  bf16.model.vocab = 256;
+  bf16.model.vocab_divisible_by = 1;
+  CHECK_FALSE(cuda_trainer_refusal(bf16, one_rank(), 1).has_value());  // 256 itself
   options experts;
   experts.model.moe_experts = 4;
   CHECK(cuda_trainer_refusal(experts, one_rank(), 1).value_or("").find("drop --moe-experts") != std::string::npos);
   options zero3;
   zero3.sharding = weft::tune::sharding::full;
-  CHECK(cuda_trainer_refusal(zero3, one_rank(), 1).value_or("").find("drop --sharding and --recompute") !=
+  CHECK(cuda_trainer_refusal(zero3, one_rank(), 1).value_or("").find("use --sharding none or zero1") !=
+        std::string::npos);
+  zero3.sharding = weft::tune::sharding::gradients;
+  CHECK(cuda_trainer_refusal(zero3, dp2, 2).value_or("").find("use --sharding none or zero1") != std::string::npos);
+  // ZeRO-1 is the GPU trainer's, without what needs its shards whole.
+  options zero1;
+  zero1.sharding = weft::tune::sharding::optimizer;
+  zero1.zero1 = true;
+  CHECK_FALSE(cuda_trainer_refusal(zero1, dp2, 2).has_value());
+  zero1.precision = precision_kind::bf16;
+  CHECK_FALSE(cuda_trainer_refusal(zero1, dp2, 2).has_value());
+  zero1.save = "gpt.safetensors";
+  CHECK(cuda_trainer_refusal(zero1, dp2, 2) ==
+        std::string("the trainer on the GPU does not take --save with --zero1 (its optimizer state and reduced "
+                    "gradients are sharded over the dp ranks, and the checkpoint files and the gradient dump hold "
+                    "them whole): drop --zero1, or use --device cpu"));
+  zero1.save.reset();
+  zero1.resume = "gpt.safetensors";
+  CHECK(cuda_trainer_refusal(zero1, dp2, 2).value_or("").find("does not take --resume with --zero1") !=
+        std::string::npos);
+  zero1.resume.reset();
+  zero1.dump_grads = "grads.safetensors";
+  CHECK(cuda_trainer_refusal(zero1, dp2, 2).value_or("").find("does not take --dump-grads with --zero1") !=
         std::string::npos);
   options saving;
   saving.save_dir = "ckpt";
   CHECK(cuda_trainer_refusal(saving, one_rank(), 1).value_or("").find("does not take --save-dir") != std::string::npos);
+  options from_file;
+  from_file.init_from = "gpt2.safetensors";
+  CHECK(cuda_trainer_refusal(from_file, one_rank(), 1).value_or("").find("does not take --init-from") !=
+        std::string::npos);
+  // The checkpoint files of --save and --resume are the GPU trainer's too.
   options resuming;
+  resuming.save = "gpt.safetensors";
+  resuming.save_every = 10;
   resuming.resume = "gpt.safetensors";
-  CHECK(cuda_trainer_refusal(resuming, one_rank(), 1).value_or("").find("does not take --resume") != std::string::npos);
+  CHECK_FALSE(cuda_trainer_refusal(resuming, one_rank(), 1).has_value());
+  resuming.precision = precision_kind::bf16;
+  CHECK_FALSE(cuda_trainer_refusal(resuming, dp2, 2).has_value());
 }

@@ -42,10 +42,11 @@ __global__ void residual_add_kernel(const T* x, const T* out, const T* bias, T* 
   store(y, i, load(x, i) + load(out, i) + load(bias, i % c));
 }
 
+template <class T>
 struct column_of {
-  const float* dy;
+  const T* dy;
   std::size_t cols;
-  __device__ float2 operator()(std::size_t t, std::size_t j) const { return {dy[t * cols + j], 0.0f}; }
+  __device__ float2 operator()(std::size_t t, std::size_t j) const { return {load(dy, t * cols + j), 0.0f}; }
 };
 
 template <class T>
@@ -70,7 +71,10 @@ void residual_add_on(cudaStream_t s, const T* x, const T* out, const T* bias, T*
 }  // namespace
 
 void kernels::column_sums(const float* dy, float* db, std::size_t tokens, std::size_t out) {
-  detail::column_reduce(*impl_, column_of{dy, out}, tokens, out, db, nullptr);
+  detail::column_reduce(*impl_, column_of<float>{dy, out}, tokens, out, db, nullptr);
+}
+void kernels::column_sums(const bf16* dy, float* db, std::size_t tokens, std::size_t out) {
+  detail::column_reduce(*impl_, column_of<bf16>{dy, out}, tokens, out, db, nullptr);
 }
 
 void kernels::gelu_forward(const float* x, float* y, std::size_t n) { gelu_forward_on(impl_->stream, x, y, n); }

@@ -194,4 +194,19 @@ void kernels::logits_backward_weight(const float* h, const float* dlogits, float
   detail::gemm(*impl_, CUDA_R_32F, CUDA_R_32F, logits_backward_weight_product(tokens, c, vocab), dlogits, h, dwte, 1.0f);
 }
 
+void kernels::logits_forward(const bf16* h, const bf16* wte, float* logits, std::size_t tokens, std::size_t c,
+                             std::size_t vocab) {
+  detail::gemm(*impl_, CUDA_R_16BF, CUDA_R_32F, logits_forward_product(tokens, c, vocab), h, wte, logits, 0.0f);
+}
+
+void kernels::logits_backward_input(const bf16* wte, const bf16* dlogits, bf16* dh, std::size_t tokens, std::size_t c,
+                                    std::size_t vocab) {
+  detail::gemm(*impl_, CUDA_R_16BF, CUDA_R_16BF, logits_backward_input_product(tokens, c, vocab), dlogits, wte, dh, 0.0f);
+}
+
+void kernels::logits_backward_weight(const bf16* h, const bf16* dlogits, float* dwte, std::size_t tokens, std::size_t c,
+                                     std::size_t vocab) {
+  detail::gemm(*impl_, CUDA_R_16BF, CUDA_R_32F, logits_backward_weight_product(tokens, c, vocab), dlogits, h, dwte, 1.0f);
+}
+
 }  // namespace train_gpt::cuda

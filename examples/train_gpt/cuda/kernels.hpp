@@ -4,7 +4,7 @@
 // activations, linear weights stored (in, out), parameter gradients added, input gradients
 // overwritten unless said otherwise). Matrix products go through cuBLASLt; everything else is
 // this folder's kernels, one concern a file (gemm.cu, layernorm.cu, elementwise.cu,
-// embedding.cu, cross_entropy.cu, adamw.cu, attention.cu).
+// embedding.cu, cross_entropy.cu, adamw.cu, attention.cu, convert.cu).
 //
 // Every call only enqueues work on the stream: nothing waits on the host, and scratch memory is
 // allocated in stream order (cudaMallocAsync), grow-only. What is not deterministic in a plain GPU
@@ -14,8 +14,10 @@
 //
 // This header is plain C++ (g++ compiles the callers); the kernels are in the .cu files.
 //
-// What exists: fp32 for every operation; bf16 (bf16 storage, fp32 accumulation) for the linear
-// layers' products, layer norm, GELU and the residual add. Not wired into train_gpt yet (see docs/train_gpt.md).
+// fp32 for every operation; bf16 (bf16 storage, fp32 accumulation) for the products (the linear
+// layers' and the tied output layer's), layer norm, GELU, the residual add and the bias gradients'
+// column sums, and conversions for the operations that stay in fp32 (attention's softmax, the
+// loss, the embeddings, AdamW on the fp32 master weights): train_gpt --precision bf16.
 
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -84,10 +86,33 @@ class kernels {
   void logits_backward_weight(const float* h, const float* dlogits, float* dwte, std::size_t tokens, std::size_t c,
                               std::size_t vocab);
 
+  /// bf16 h and wte, fp32 logits (the loss is computed in fp32).
+  void logits_forward(const bf16* h, const bf16* wte, float* logits, std::size_t tokens, std::size_t c,
+                      std::size_t vocab);
+  void logits_backward_input(const bf16* wte, const bf16* dlogits, bf16* dh, std::size_t tokens, std::size_t c,
+                             std::size_t vocab);
+  /// dwte (fp32, the master gradient) += dlogits^T h.
+  void logits_backward_weight(const bf16* h, const bf16* dlogits, float* dwte, std::size_t tokens, std::size_t c,
+                              std::size_t vocab);
+
+  // ---- fp32 <-> bf16 (convert.cu) ---------------------------------------------------------------
+
+  /// to[i] = from[i], rounded to the nearest bf16 (ties to even) or widened exactly.
+  void convert(const float* from, bf16* to, std::size_t n);
+  void convert(const bf16* from, float* to, std::size_t n);
+  /// Columns [0, width) of `rows` rows: to[r * to_width + j] = from[r * from_width + j], converted;
+  /// the rest of `to` is left alone.
+  void convert_columns(const float* from, std::size_t from_width, bf16* to, std::size_t to_width, std::size_t width,
+                       std::size_t rows);
+  void convert_columns(const bf16* from, std::size_t from_width, float* to, std::size_t to_width, std::size_t width,
+                       std::size_t rows);
+
   // ---- reductions over rows, elementwise (elementwise.cu) -----------------------------------
 
   /// db[out] += column sums of dy[T, out], in a fixed order.
   void column_sums(const float* dy, float* db, std::size_t tokens, std::size_t out);
+  /// From bf16 dy, summed in fp32 in the same order.
+  void column_sums(const bf16* dy, float* db, std::size_t tokens, std::size_t out);
   /// GELU, tanh form (as GPT-2 and cpu_kernels).
   void gelu_forward(const float* x, float* y, std::size_t n);
   void gelu_forward(const bf16* x, bf16* y, std::size_t n);

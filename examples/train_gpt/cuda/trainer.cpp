@@ -1,5 +1,5 @@
-// train_on_cuda (device.hpp): GPT-2 trained on GPUs, one per rank, in fp32, data parallel over
-// NCCL. Each rank's model calls the operations of kernels.hpp in the order model.hpp calls
+// train_on_cuda (device.hpp): GPT-2 trained on GPUs, one per rank, in fp32 or bf16 (bf16 products
+// on fp32 master weights, one_gpu_model), data parallel over NCCL. Each rank's model calls the operations of kernels.hpp in the order model.hpp calls
 // cpu_kernels' on one rank (gpt_model's path without tp, cp or pp, operation for operation), so
 // the first step's loss and gradients are the CPU trainer's to rounding
 // (tests/train_gpt/device_check.py compares them); weft's gradient synchronizer sums the
@@ -9,7 +9,8 @@
 // waits once a step, for the losses. Parameters and AdamW's moments are one flat array each, in
 // rank_parameters order; the gradients are the synchronizer's buffer. Every layer's activations
 // are kept from forward to backward (no recomputation) and allocated once, for the run's
-// micro-batch.
+// micro-batch. --save and --resume write and read the CPU trainer's files (whole fp32 tensors and
+// AdamW's moments), and since every kernel is deterministic a resumed run continues bit for bit.
 
 #include <cuda_runtime_api.h>
 
@@ -17,10 +18,16 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <weft/backend/cuda/check.hpp>
@@ -54,12 +61,33 @@ device_ptr<T> device_alloc(std::size_t n) {
   return device_ptr<T>(static_cast<T*>(p));
 }
 
-/// One rank's GPT-2 on its GPU: parameters, AdamW's moments and activations on the device; the
-/// gradients where bind_gradients() points (the synchronizer's buffer).
+/// Where the model's parameters and gradients live (device memory it does not own: the flat
+/// buffers laid out by the synchronizer's plan), and the runs of parameters this rank's AdamW
+/// updates (every parameter whole, or with ZeRO-1 this rank's shard: state_offset is then the
+/// run's place in the shard-sized moments).
+struct model_storage {
+  float* params = nullptr;  ///< the parameter buffer's first element (padding included)
+  std::size_t params_total = 0;
+  std::vector<float*> param, grad;  ///< each parameter's elements in the buffers (rank_parameters order)
+  std::vector<state_segment> optimizer;
+  bool sharded = false;  ///< ZeRO-1: `optimizer` is this rank's shard
+};
+
+/// One rank's GPT-2 on its GPU: the fp32 master parameters, AdamW's moments and the activations
+/// on the device; the gradients (fp32) in the synchronizer's buffer (model_storage).
+/// `T` is what the products read and write: float (--precision fp32: the parameters themselves,
+/// fp32 activations) or cuda::bf16 (--precision bf16: a bf16 copy of the parameters, refreshed
+/// after each optimizer step, and bf16 activations, every product accumulating in fp32). What
+/// bf16 would spoil stays fp32 either way: layer norm's statistics and sums, attention (its q, k,
+/// v and output converted around it, the softmax in fp32), the logits and the loss, the
+/// embeddings' lookup and gradient sums, the gradients and AdamW.
+template <class T>
 class one_gpu_model {
+  static constexpr bool is_bf16 = std::is_same_v<T, cuda::bf16>;
+
  public:
-  one_gpu_model(const gpt_config& m, int micro_batch, cuda::kernels& k)
-      : m_(m), k_(k), specs_(rank_parameters(m, model_place{})) {
+  one_gpu_model(const gpt_config& m, int micro_batch, cuda::kernels& k, model_storage storage)
+      : m_(m), k_(k), specs_(rank_parameters(m, model_place{})), storage_(std::move(storage)) {
     c_ = static_cast<std::size_t>(m.hidden);
     t_ = static_cast<std::size_t>(m.seq);
     b_ = static_cast<std::size_t>(micro_batch);
@@ -67,33 +95,57 @@ class one_gpu_model {
     heads_ = static_cast<std::size_t>(m.heads);
     layers_ = static_cast<std::size_t>(m.layers);
     vocab_ = static_cast<std::size_t>(m.vocab);
-    for (const param_spec& p : specs_) {
-      offsets_.push_back(total_);
-      total_ += p.local_elements;
+    padded_vocab_ = vocab_partition_of(m, model_place{}).per_rank;
+    total_ = storage_.params_total;
+    for (float* p : storage_.param) offsets_.push_back(static_cast<std::size_t>(p - storage_.params));
+    // AdamW's moments: beside the parameters (same offsets), or the shard's runs one after another.
+    moments_ = total_;
+    if (storage_.sharded) {
+      moments_ = 0;
+      for (const state_segment& s : storage_.optimizer) moments_ = std::max(moments_, s.state_offset + s.count);
     }
-    params_ = device_alloc<float>(total_);
-    m1_ = device_alloc<float>(total_);
-    m2_ = device_alloc<float>(total_);
-    WEFT_CHECK_CUDA(cudaMemsetAsync(m1_.get(), 0, total_ * sizeof(float), k_.stream()));
-    WEFT_CHECK_CUDA(cudaMemsetAsync(m2_.get(), 0, total_ * sizeof(float), k_.stream()));
+    m1_ = device_alloc<float>(moments_);
+    m2_ = device_alloc<float>(moments_);
+    WEFT_CHECK_CUDA(cudaMemsetAsync(m1_.get(), 0, moments_ * sizeof(float), k_.stream()));
+    WEFT_CHECK_CUDA(cudaMemsetAsync(m2_.get(), 0, moments_ * sizeof(float), k_.stream()));
+    if constexpr (is_bf16) working_ = device_alloc<T>(total_);
     const std::size_t nc = n_ * c_, l = layers_;
-    stream_ = device_alloc<float>((l + 1) * nc);
-    ln1_ = device_alloc<float>(l * nc), ln2_ = device_alloc<float>(l * nc);
+    stream_ = device_alloc<T>((l + 1) * nc);
+    ln1_ = device_alloc<T>(l * nc), ln2_ = device_alloc<T>(l * nc);
     q_ = device_alloc<float>(l * nc), k_act_ = device_alloc<float>(l * nc), v_ = device_alloc<float>(l * nc);
-    attn_ = device_alloc<float>(l * nc), x2_ = device_alloc<float>(l * nc);
-    fc_ = device_alloc<float>(l * 4 * nc), gelu_ = device_alloc<float>(l * 4 * nc);
+    attn_ = device_alloc<float>(l * nc), x2_ = device_alloc<T>(l * nc);
+    fc_ = device_alloc<T>(l * 4 * nc), gelu_ = device_alloc<T>(l * 4 * nc);
     stats_ = device_alloc<float>(4 * l * n_);  // mean and rstd of ln_1 and ln_2, per layer
     lse_ = device_alloc<float>(l * n_ * heads_);
-    head_ln_ = device_alloc<float>(nc), head_stats_ = device_alloc<float>(2 * n_), head_dh_ = device_alloc<float>(nc);
-    qkv_ = device_alloc<float>(3 * nc), dqkv_ = device_alloc<float>(3 * nc);
-    tmp_ = device_alloc<float>(nc), dx_ = device_alloc<float>(nc), dy_ = device_alloc<float>(nc);
-    dx2_ = device_alloc<float>(nc), dln1_ = device_alloc<float>(nc), dln2_ = device_alloc<float>(nc);
+    head_ln_ = device_alloc<T>(nc), head_stats_ = device_alloc<float>(2 * n_), head_dh_ = device_alloc<T>(nc);
+    qkv_ = device_alloc<T>(3 * nc), dqkv_ = device_alloc<T>(3 * nc);
+    tmp_ = device_alloc<T>(nc), dx_ = device_alloc<T>(nc), dy_ = device_alloc<T>(nc);
+    dx2_ = device_alloc<T>(nc), dln1_ = device_alloc<T>(nc), dln2_ = device_alloc<T>(nc);
     dattn_ = device_alloc<float>(nc), dq_ = device_alloc<float>(nc), dk_ = device_alloc<float>(nc);
     dv_ = device_alloc<float>(nc);
-    dgelu_ = device_alloc<float>(4 * nc), dfc_ = device_alloc<float>(4 * nc);
-    // The loss's rows per chunk of logits, as gpt_model's head takes them (its padded block on one rank).
-    chunk_rows_ = std::clamp<std::size_t>(logits_chunk_elements / vocab_partition_of(m, model_place{}).per_rank, 1, n_);
+    dgelu_ = device_alloc<T>(4 * nc), dfc_ = device_alloc<T>(4 * nc);
+    if constexpr (is_bf16) {
+      // The products' bf16 copies of attention's output (kept per layer for c_proj's weight
+      // gradient) and of its gradient; the embeddings' fp32 rows.
+      attn_products_ = device_alloc<T>(l * nc), dattn_products_ = device_alloc<T>(nc);
+      embedding_rows_ = device_alloc<float>(nc);
+    }
+    // The loss's rows per chunk of logits. fp32: as gpt_model's head takes them (its padded block
+    // on one rank), so the tied embedding's gradient sums in the CPU's chunks. bf16: chunks 32 x
+    // larger (fewer, larger products for the tensor cores; 1.3 GB of logits and their bf16 gradient at
+    // GPT-2's vocabulary).
+    const std::size_t chunk_elements = is_bf16 ? logits_chunk_elements << 5 : logits_chunk_elements;
+    chunk_rows_ = std::clamp<std::size_t>(chunk_elements / padded_vocab_, 1, n_);
     logits_ = device_alloc<float>(chunk_rows_ * vocab_);
+    if constexpr (is_bf16) {
+      // The bf16 products run over the padded vocabulary (rows of 16 bytes whatever --vocab is):
+      // fp32 logits [rows, padded], the loss's gradient as bf16 [rows, padded] whose padded
+      // columns stay zero (the conversion writes the real ones only).
+      wide_logits_ = device_alloc<float>(chunk_rows_ * padded_vocab_);
+      dlogits_products_ = device_alloc<T>(chunk_rows_ * padded_vocab_);
+      WEFT_CHECK_CUDA(
+          cudaMemsetAsync(dlogits_products_.get(), 0, chunk_rows_ * padded_vocab_ * sizeof(T), k_.stream()));
+    }
     tokens_ = device_alloc<std::int32_t>(n_), labels_ = device_alloc<std::int32_t>(n_);
     positions_ = device_alloc<std::int64_t>(n_), sequence_positions_ = device_alloc<std::int64_t>(t_);
     std::vector<std::int64_t> pos(n_);
@@ -102,9 +154,6 @@ class one_gpu_model {
     upload(sequence_positions_.get(), std::vector<std::int64_t>(pos.begin(), pos.begin() + static_cast<std::ptrdiff_t>(t_)));
   }
 
-  const std::vector<param_spec>& specs() const noexcept { return specs_; }
-  /// Where backward adds each parameter's gradient (rank_parameters order): the synchronizer's buffer.
-  void bind_gradients(std::vector<float*> grads) { grads_ = std::move(grads); }
   std::size_t micro_batch_rows() const noexcept { return n_; }
 
   /// The initial weights (initial_whole, the CPU trainer's, cut to this rank's parts: the padded
@@ -114,7 +163,22 @@ class one_gpu_model {
     for (std::size_t i = 0; i < specs_.size(); ++i)
       cut_local(specs_[i], 0, 1, initial_whole(specs_[i], m_, seed),
                 std::span<float>(host).subspan(offsets_[i], specs_[i].local_elements));
-    upload(params_.get(), host);
+    upload(storage_.params, host);
+    refresh_working_copy();
+  }
+
+  /// The three states a checkpoint holds, each as whole tensors (checkpoint order: the padded
+  /// vocabulary rows left out), and back. Not with ZeRO-1 (each rank holds a shard of the moments).
+  enum class state { params, exp_avg, exp_avg_sq };
+  std::vector<float> whole_state(const whole_index& index, state which) {
+    return whole_of(index, [&](std::size_t i) -> const float* { return of(which) + offsets_[i]; });
+  }
+  void load_whole_state(state which, const std::function<std::span<const float>(const std::string&)>& lookup) {
+    std::vector<float> host(total_, 0.0f);  // the padding zero
+    for (std::size_t i = 0; i < specs_.size(); ++i)
+      cut_local(specs_[i], 0, 1, lookup(specs_[i].name), std::span<float>(host).subspan(offsets_[i], specs_[i].local_elements));
+    upload(of(which), host);
+    if (which == state::params) refresh_working_copy();
   }
 
   /// Forward and backward of one micro-batch (`tokens` and `labels`: its n rows); the gradients are
@@ -124,43 +188,85 @@ class one_gpu_model {
     upload(tokens_.get(), tokens);
     upload(labels_.get(), labels);
     const std::size_t nc = n_ * c_;
-    k_.embedding_forward(tokens_.get(), positions_.get(), param(param_role::wte), param(param_role::wpe),
-                         stream_.get(), n_, c_);
+    if constexpr (is_bf16) {
+      k_.embedding_forward(tokens_.get(), positions_.get(), master(param_role::wte), master(param_role::wpe),
+                           embedding_rows_.get(), n_, c_);
+      k_.convert(embedding_rows_.get(), stream_.get(), nc);
+    } else {
+      k_.embedding_forward(tokens_.get(), positions_.get(), master(param_role::wte), master(param_role::wpe),
+                           stream_.get(), n_, c_);
+    }
     for (std::size_t l = 0; l < layers_; ++l) layer_forward(l);
     // The head: final norm, then the logits a chunk of rows at a time, each turned into its gradient.
-    const float* h_in = stream_.get() + layers_ * nc;
+    const T* h_in = stream_.get() + layers_ * nc;
     float* mean = head_stats_.get();
     float* rstd = head_stats_.get() + n_;
     k_.layernorm_forward(h_in, param(param_role::ln_f_w), param(param_role::ln_f_b), head_ln_.get(), mean, rstd, n_, c_);
     for (std::size_t r0 = 0; r0 < n_; r0 += chunk_rows_) {
       const std::size_t rows = std::min(chunk_rows_, n_ - r0);
-      k_.logits_forward(head_ln_.get() + r0 * c_, param(param_role::wte), logits_.get(), rows, c_, vocab_);
-      k_.cross_entropy(logits_.get(), labels_.get() + r0, rows, vocab_, loss_scale, row_losses + r0);
-      k_.logits_backward_input(param(param_role::wte), logits_.get(), head_dh_.get() + r0 * c_, rows, c_, vocab_);
-      k_.logits_backward_weight(head_ln_.get() + r0 * c_, logits_.get(), grad(param_role::wte), rows, c_, vocab_);
+      if constexpr (is_bf16) {
+        const std::size_t v = vocab_, vp = padded_vocab_;
+        k_.logits_forward(head_ln_.get() + r0 * c_, param(param_role::wte), wide_logits_.get(), rows, c_, vp);
+        WEFT_CHECK_CUDA(cudaMemcpy2DAsync(logits_.get(), v * sizeof(float), wide_logits_.get(), vp * sizeof(float),
+                                          v * sizeof(float), rows, cudaMemcpyDeviceToDevice, k_.stream()));
+        k_.cross_entropy(logits_.get(), labels_.get() + r0, rows, v, loss_scale, row_losses + r0);
+        k_.convert_columns(logits_.get(), v, dlogits_products_.get(), vp, v, rows);
+        k_.logits_backward_input(param(param_role::wte), dlogits_products_.get(), head_dh_.get() + r0 * c_, rows, c_, vp);
+        k_.logits_backward_weight(head_ln_.get() + r0 * c_, dlogits_products_.get(), grad(param_role::wte), rows, c_, vp);
+      } else {
+        k_.logits_forward(head_ln_.get() + r0 * c_, param(param_role::wte), logits_.get(), rows, c_, vocab_);
+        k_.cross_entropy(logits_.get(), labels_.get() + r0, rows, vocab_, loss_scale, row_losses + r0);
+        k_.logits_backward_input(param(param_role::wte), logits_.get(), head_dh_.get() + r0 * c_, rows, c_, vocab_);
+        k_.logits_backward_weight(head_ln_.get() + r0 * c_, logits_.get(), grad(param_role::wte), rows, c_, vocab_);
+      }
     }
     // Backward: the final norm, the layers in reverse, the embeddings.
-    WEFT_CHECK_CUDA(cudaMemsetAsync(dx_.get(), 0, nc * sizeof(float), k_.stream()));
+    WEFT_CHECK_CUDA(cudaMemsetAsync(dx_.get(), 0, nc * sizeof(T), k_.stream()));
     k_.layernorm_backward_input(h_in, param(param_role::ln_f_w), mean, rstd, head_dh_.get(), dx_.get(), n_, c_);
     k_.layernorm_backward_params(h_in, mean, rstd, head_dh_.get(), grad(param_role::ln_f_w), grad(param_role::ln_f_b),
                                  n_, c_);
     for (std::size_t l = layers_; l-- > 0;) layer_backward(l);
-    k_.embedding_backward(tokens_.get(), positions_.get(), dx_.get(), grad(param_role::wte), grad(param_role::wpe), n_,
-                          c_);
+    if constexpr (is_bf16) {
+      k_.convert(dx_.get(), embedding_rows_.get(), nc);
+      k_.embedding_backward(tokens_.get(), positions_.get(), embedding_rows_.get(), grad(param_role::wte),
+                            grad(param_role::wpe), n_, c_);
+    } else {
+      k_.embedding_backward(tokens_.get(), positions_.get(), dx_.get(), grad(param_role::wte), grad(param_role::wpe),
+                            n_, c_);
+    }
   }
 
-  /// AdamW over every parameter (cpu_kernels::adamw's arithmetic, bit for bit); `step` from 1.
+  /// AdamW over this rank's runs of the parameters (cpu_kernels::adamw's arithmetic, bit for bit,
+  /// on the fp32 master weights); `step` from 1. With ZeRO-1 the caller gathers the shards next,
+  /// then refreshes the bf16 copy.
   void adamw(long step, const cuda::adamw_settings& s) {
-    for (std::size_t i = 0; i < specs_.size(); ++i)
-      k_.adamw(params_.get() + offsets_[i], grads_[i], m1_.get() + offsets_[i],
-               m2_.get() + offsets_[i], specs_[i].local_elements, step, s, specs_[i].decay);
+    for (const state_segment& seg : storage_.optimizer)
+      k_.adamw(storage_.param[seg.param] + seg.param_offset, storage_.grad[seg.param] + seg.param_offset,
+               m1_.get() + seg.state_offset, m2_.get() + seg.state_offset, seg.count, step, s, specs_[seg.param].decay);
+  }
+  /// bf16: the products' copy of the master weights, rounded to nearest (after every change to them).
+  void refresh_working_copy() {
+    if constexpr (is_bf16) k_.convert(storage_.params, working_.get(), total_);
   }
 
   /// The gradients as whole tensors in checkpoint order (the padded vocabulary rows left out).
   std::vector<float> whole_gradients(const whole_index& index) {
+    return whole_of(index, [&](std::size_t i) -> const float* { return storage_.grad[i]; });
+  }
+
+ private:
+  static constexpr std::size_t logits_chunk_elements = std::size_t{1} << 22;  // gpt_model's
+
+  template <class U>
+  void upload(U* device, const std::vector<U>& host) {
+    WEFT_CHECK_CUDA(cudaMemcpyAsync(device, host.data(), host.size() * sizeof(U), cudaMemcpyHostToDevice, k_.stream()));
+  }
+  /// Each parameter's local elements (from `local_of(i)`, device) placed in whole tensors on the host.
+  template <class Local>
+  std::vector<float> whole_of(const whole_index& index, Local&& local_of) {
     std::vector<float> local(total_), whole(index.total, 0.0f);
     for (std::size_t i = 0; i < specs_.size(); ++i)
-      WEFT_CHECK_CUDA(cudaMemcpyAsync(local.data() + offsets_[i], grads_[i], specs_[i].local_elements * sizeof(float),
+      WEFT_CHECK_CUDA(cudaMemcpyAsync(local.data() + offsets_[i], local_of(i), specs_[i].local_elements * sizeof(float),
                                       cudaMemcpyDeviceToHost, k_.stream()));
     WEFT_CHECK_CUDA(cudaStreamSynchronize(k_.stream()));
     for (std::size_t i = 0; i < specs_.size(); ++i)
@@ -169,19 +275,21 @@ class one_gpu_model {
                                                   static_cast<std::size_t>(elements_of(specs_[i].whole))));
     return whole;
   }
-
- private:
-  static constexpr std::size_t logits_chunk_elements = std::size_t{1} << 22;  // gpt_model's
-
-  template <class T>
-  void upload(T* device, const std::vector<T>& host) {
-    WEFT_CHECK_CUDA(cudaMemcpyAsync(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice, k_.stream()));
+  float* of(state which) const {
+    if (which != state::params && storage_.sharded)
+      throw std::logic_error("train_gpt: the whole moments of a ZeRO-1 shard were asked for");
+    return which == state::params ? storage_.params : which == state::exp_avg ? m1_.get() : m2_.get();
   }
-  /// Columns [first, first + width) of a row-major [rows, from_width] array into a [rows, width]
-  /// one, or back (the q | k | v blocks of c_attn's output and their gradients).
-  void copy_columns(float* to, std::size_t to_width, const float* from, std::size_t from_width, std::size_t width) {
-    WEFT_CHECK_CUDA(cudaMemcpy2DAsync(to, to_width * sizeof(float), from, from_width * sizeof(float),
-                                      width * sizeof(float), n_, cudaMemcpyDeviceToDevice, k_.stream()));
+
+  /// Columns [0, width) of a row-major [rows, from_width] array into a [rows, to_width] one (the
+  /// q | k | v blocks of c_attn's output and their gradients), converted where the types differ.
+  template <class From, class To>
+  void copy_columns(To* to, std::size_t to_width, const From* from, std::size_t from_width, std::size_t width) {
+    if constexpr (std::is_same_v<From, To>)
+      WEFT_CHECK_CUDA(cudaMemcpy2DAsync(to, to_width * sizeof(To), from, from_width * sizeof(From), width * sizeof(To),
+                                        n_, cudaMemcpyDeviceToDevice, k_.stream()));
+    else
+      k_.convert_columns(from, from_width, to, to_width, width, n_);
   }
 
   std::size_t index_of(int layer, param_role role) const {
@@ -189,22 +297,45 @@ class one_gpu_model {
       if (specs_[i].layer == layer && specs_[i].role == role) return i;
     throw std::logic_error("train_gpt: no parameter for layer " + std::to_string(layer));
   }
-  const float* param(param_role role, int layer = -1) const { return params_.get() + offsets_[index_of(layer, role)]; }
-  float* grad(param_role role, int layer = -1) const { return grads_.at(index_of(layer, role)); }
+  /// The fp32 master weights.
+  const float* master(param_role role, int layer = -1) const { return storage_.param[index_of(layer, role)]; }
+  /// The weights the products and norms read: the master weights in fp32, their bf16 copy in bf16.
+  const T* param(param_role role, int layer = -1) const {
+    if constexpr (is_bf16) return working_.get() + offsets_[index_of(layer, role)];
+    else return master(role, layer);
+  }
+  float* grad(param_role role, int layer = -1) const { return storage_.grad.at(index_of(layer, role)); }
 
   struct layer_view {
-    float *x, *out, *ln1, *q, *k, *v, *attn, *lse, *x2, *ln2, *fc, *gelu, *mean1, *rstd1, *mean2, *rstd2;
+    T *x, *out, *ln1;
+    float *q, *k, *v, *attn, *lse;
+    T *attn_products, *x2, *ln2, *fc, *gelu;
+    float *mean1, *rstd1, *mean2, *rstd2;
   };
   layer_view view(std::size_t l) const {
     const std::size_t nc = n_ * c_;
     float* stats = stats_.get() + 4 * l * n_;
+    float* attn = attn_.get() + l * nc;
+    T* attn_products;
+    if constexpr (is_bf16) attn_products = attn_products_.get() + l * nc;
+    else attn_products = attn;  // fp32: the products read attention's output itself
     return {stream_.get() + l * nc, stream_.get() + (l + 1) * nc, ln1_.get() + l * nc, q_.get() + l * nc,
-            k_act_.get() + l * nc,  v_.get() + l * nc,            attn_.get() + l * nc, lse_.get() + l * n_ * heads_,
-            x2_.get() + l * nc,     ln2_.get() + l * nc,          fc_.get() + 4 * l * nc, gelu_.get() + 4 * l * nc,
-            stats,                  stats + n_,                   stats + 2 * n_,     stats + 3 * n_};
+            k_act_.get() + l * nc,  v_.get() + l * nc,            attn,                lse_.get() + l * n_ * heads_,
+            attn_products,          x2_.get() + l * nc,           ln2_.get() + l * nc, fc_.get() + 4 * l * nc,
+            gelu_.get() + 4 * l * nc, stats,                      stats + n_,          stats + 2 * n_,
+            stats + 3 * n_};
   }
   float softmax_scale() const {
     return static_cast<float>(weft::cp::softmax_scale({.heads = heads_, .head_dim = c_ / heads_}, {}));
+  }
+  /// dW += x^T dy and db += column sums of dy (`dbias` may be null), in that order in both precisions.
+  void weight_gradients(const T* x, const T* dy, float* dw, float* dbias, std::size_t in, std::size_t out) {
+    if constexpr (is_bf16) {
+      k_.linear_backward_weight(x, dy, dw, n_, in, out);
+      if (dbias != nullptr) k_.column_sums(dy, dbias, n_, out);
+    } else {
+      k_.linear_backward_weight(x, dy, dw, dbias, n_, in, out);
+    }
   }
 
   /// gpt_model::layer_forward on one rank.
@@ -224,7 +355,8 @@ class one_gpu_model {
       k_.attention_forward(a.q + o, a.k + o, a.v + o, sequence_positions_.get(), sequence_positions_.get(), t_, t_,
                            heads_, d, softmax_scale(), true, a.attn + o, a.lse + b * t_ * heads_);
     }
-    k_.linear_forward(a.attn, param(param_role::attn_proj_w, layer), nullptr, tmp_.get(), n, c, c);
+    if constexpr (is_bf16) k_.convert(a.attn, a.attn_products, n * c);
+    k_.linear_forward(a.attn_products, param(param_role::attn_proj_w, layer), nullptr, tmp_.get(), n, c, c);
     k_.residual_add(a.x, tmp_.get(), param(param_role::attn_proj_b, layer), a.x2, n, c);
     k_.layernorm_forward(a.x2, param(param_role::ln_2_w, layer), param(param_role::ln_2_b, layer), a.ln2, a.mean2,
                          a.rstd2, n, c);
@@ -240,8 +372,8 @@ class one_gpu_model {
     const layer_view a = view(l);
     const int layer = static_cast<int>(l);
     const std::size_t c = c_, n = n_, d = c_ / heads_, nc = n_ * c_;
-    auto copy = [&](float* to, const float* from, std::size_t count) {
-      WEFT_CHECK_CUDA(cudaMemcpyAsync(to, from, count * sizeof(float), cudaMemcpyDeviceToDevice, k_.stream()));
+    auto copy = [&](T* to, const T* from, std::size_t count) {
+      WEFT_CHECK_CUDA(cudaMemcpyAsync(to, from, count * sizeof(T), cudaMemcpyDeviceToDevice, k_.stream()));
     };
     // MLP: y = x2 + c_proj(gelu(c_fc(ln_2(x2)))).
     copy(dy_.get(), dx_.get(), nc);
@@ -251,7 +383,12 @@ class one_gpu_model {
     k_.layernorm_backward_input(a.x2, param(param_role::ln_2_w, layer), a.mean2, a.rstd2, dln2_.get(), dx_.get(), n, c);
     copy(dx2_.get(), dx_.get(), nc);
     // Attention: x2 = x + c_proj(attention(c_attn(ln_1(x)))).
-    k_.linear_backward_input(param(param_role::attn_proj_w, layer), dx2_.get(), dattn_.get(), n, c, c);
+    if constexpr (is_bf16) {
+      k_.linear_backward_input(param(param_role::attn_proj_w, layer), dx2_.get(), dattn_products_.get(), n, c, c);
+      k_.convert(dattn_products_.get(), dattn_.get(), nc);
+    } else {
+      k_.linear_backward_input(param(param_role::attn_proj_w, layer), dx2_.get(), dattn_.get(), n, c, c);
+    }
     for (float* g : {dq_.get(), dk_.get(), dv_.get()})
       WEFT_CHECK_CUDA(cudaMemsetAsync(g, 0, nc * sizeof(float), k_.stream()));
     for (std::size_t b = 0; b < b_; ++b) {
@@ -267,15 +404,13 @@ class one_gpu_model {
     k_.layernorm_backward_input(a.x, param(param_role::ln_1_w, layer), a.mean1, a.rstd1, dln1_.get(), dx_.get(), n, c);
     // The parameter gradients, in gpt_model::layer_backward_weight's order.
     k_.column_sums(dy_.get(), grad(param_role::mlp_proj_b, layer), n, c);
-    k_.linear_backward_weight(a.gelu, dy_.get(), grad(param_role::mlp_proj_w, layer), nullptr, n, 4 * c, c);
-    k_.linear_backward_weight(a.ln2, dfc_.get(), grad(param_role::fc_w, layer), grad(param_role::fc_b, layer), n, c,
-                              4 * c);
+    weight_gradients(a.gelu, dy_.get(), grad(param_role::mlp_proj_w, layer), nullptr, 4 * c, c);
+    weight_gradients(a.ln2, dfc_.get(), grad(param_role::fc_w, layer), grad(param_role::fc_b, layer), c, 4 * c);
     k_.layernorm_backward_params(a.x2, a.mean2, a.rstd2, dln2_.get(), grad(param_role::ln_2_w, layer),
                                  grad(param_role::ln_2_b, layer), n, c);
     k_.column_sums(dx2_.get(), grad(param_role::attn_proj_b, layer), n, c);
-    k_.linear_backward_weight(a.attn, dx2_.get(), grad(param_role::attn_proj_w, layer), nullptr, n, c, c);
-    k_.linear_backward_weight(a.ln1, dqkv_.get(), grad(param_role::attn_w, layer), grad(param_role::attn_b, layer), n,
-                              c, 3 * c);
+    weight_gradients(a.attn_products, dx2_.get(), grad(param_role::attn_proj_w, layer), nullptr, c, c);
+    weight_gradients(a.ln1, dqkv_.get(), grad(param_role::attn_w, layer), grad(param_role::attn_b, layer), c, 3 * c);
     k_.layernorm_backward_params(a.x, a.mean1, a.rstd1, dln1_.get(), grad(param_role::ln_1_w, layer),
                                  grad(param_role::ln_1_b, layer), n, c);
   }
@@ -283,13 +418,17 @@ class one_gpu_model {
   gpt_config m_;
   cuda::kernels& k_;
   std::vector<param_spec> specs_;
-  std::vector<std::size_t> offsets_;
-  std::size_t total_ = 0, c_ = 0, t_ = 0, b_ = 0, n_ = 0, heads_ = 0, layers_ = 0, vocab_ = 0, chunk_rows_ = 1;
-  device_ptr<float> params_, m1_, m2_;
-  std::vector<float*> grads_;
-  device_ptr<float> stream_, ln1_, ln2_, q_, k_act_, v_, attn_, x2_, fc_, gelu_, stats_, lse_;
-  device_ptr<float> head_ln_, head_stats_, head_dh_, qkv_, dqkv_, tmp_, dx_, dy_, dx2_, dln1_, dln2_, dattn_, dq_,
-      dk_, dv_, dgelu_, dfc_, logits_;
+  model_storage storage_;
+  std::vector<std::size_t> offsets_;  // each parameter's place in the parameter buffer
+  std::size_t total_ = 0, moments_ = 0, c_ = 0, t_ = 0, b_ = 0, n_ = 0, heads_ = 0, layers_ = 0, vocab_ = 0, padded_vocab_ = 0,
+              chunk_rows_ = 1;
+  device_ptr<float> m1_, m2_;
+  device_ptr<T> working_;  // bf16 only
+  device_ptr<T> stream_, ln1_, ln2_, x2_, fc_, gelu_, head_ln_, head_dh_, qkv_, dqkv_, tmp_, dx_, dy_, dx2_, dln1_,
+      dln2_, dgelu_, dfc_;
+  device_ptr<float> q_, k_act_, v_, attn_, stats_, lse_, head_stats_, dattn_, dq_, dk_, dv_, logits_;
+  device_ptr<T> attn_products_, dattn_products_, dlogits_products_;  // bf16 only
+  device_ptr<float> embedding_rows_, wide_logits_;                    // bf16 only
   device_ptr<std::int32_t> tokens_, labels_;
   device_ptr<std::int64_t> positions_, sequence_positions_;
 };
@@ -298,10 +437,108 @@ struct stream_deleter {
   void operator()(cudaStream_t s) const noexcept { cudaStreamDestroy(s); }
 };
 
-}  // namespace
+/// The checkpoint files of --save (the CPU trainer's: whole tensors, the optimizer state beside
+/// them with the step and the data position), from rank 0; the states are copied off the GPU
+/// after the step's last kernel, so the file holds exactly what the next step starts from.
+template <class T>
+void save_checkpoint(one_gpu_model<T>& model, const options& o, const gpt_config& m, const run_layout& r,
+                     const whole_index& index, const corpus& data, std::int64_t step, std::int64_t sequence) {
+  using state = typename one_gpu_model<T>::state;
+  weft::checkpoint::checkpoint_file weights{config_metadata(m), whole_records(index, model.whole_state(index, state::params))};
+  weft::checkpoint::checkpoint_file optimizer;
+  optimizer.metadata = {{"step", std::to_string(step)},
+                        {"seed", std::to_string(o.seed)},
+                        {"global_batch", std::to_string(r.global_batch)},
+                        {"data_position", data.sampled() ? "step " + std::to_string(step) + " of the (seed, step) sampler"
+                                                         : "sequence " + std::to_string(sequence) + " of the token stream"},
+                        {"data_sequence", std::to_string(sequence)},
+                        {"layout", "tp 1 pp 1 dp " + std::to_string(r.degrees().dp) + " cp 1"},
+                        {"precision", o.precision == precision_kind::bf16 ? "bf16" : "fp32"}};
+  for (state which : {state::exp_avg, state::exp_avg_sq})
+    for (auto& record : whole_records(index, model.whole_state(index, which),
+                                      which == state::exp_avg ? "exp_avg." : "exp_avg_sq."))
+      optimizer.tensors.push_back(std::move(record));
+  // The state first and the model last, as the CPU trainer writes them: a model file is never
+  // newer than its state.
+  weft::checkpoint::write_safetensors(optimizer_path(*o.save), optimizer);
+  weft::checkpoint::write_safetensors(*o.save, weights);
+}
 
-int train_on_cuda(const options& o, const gpt_config& m, const run_layout& r, const corpus& data) {
+/// --resume FILE: the weights, both AdamW moments and the step and data position, checked as the
+/// CPU trainer checks them (every rank reads the files alike, so every rank fails alike). Returns
+/// the step to continue from and the data sequence it starts at.
+template <class T>
+std::pair<std::int64_t, std::int64_t> resume_checkpoint(one_gpu_model<T>& model, const options& o, const run_layout& r,
+                                                        const whole_index& index) {
+  using weft_programs::input_error;
+  using state = typename one_gpu_model<T>::state;
+  const std::string& path = *o.resume;
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error))
+    throw input_error("--resume " + path + " is a folder of distributed checkpoints (--save-dir), which the trainer on "
+                      "the GPU does not read: resume from a --save file, or use --device cpu");
+  const std::string opt = optimizer_path(path);
+  weft::checkpoint::checkpoint_file weights, optimizer;
+  try {
+    weights = weft::checkpoint::read_safetensors(path);
+    optimizer = weft::checkpoint::read_safetensors(opt);
+    expect_model_tensors(weights, path, index);
+    expect_model_tensors(optimizer, opt, index, "exp_avg.");
+    expect_model_tensors(optimizer, opt, index, "exp_avg_sq.");
+  } catch (const std::exception& e) {
+    throw input_error(e.what());
+  }
+  auto number = [&](const char* key) -> std::int64_t {
+    const auto it = optimizer.metadata.find(key);
+    if (it == optimizer.metadata.end())
+      throw input_error("optimizer state '" + opt + "' has no '" + key + "' in its metadata: re-save the checkpoint");
+    try {
+      return std::stoll(it->second);
+    } catch (const std::exception&) {
+      throw input_error("optimizer state '" + opt + "': metadata " + key + " = '" + it->second +
+                        "' is not a number; re-save the checkpoint");
+    }
+  };
+  const std::int64_t step = number("step");
+  const std::int64_t sequence = optimizer.metadata.count("data_sequence") != 0 ? number("data_sequence")
+                                                                               : step * r.global_batch;
+  if (static_cast<std::uint64_t>(number("seed")) != o.seed)
+    throw input_error("the checkpoint was trained with --seed " + std::to_string(number("seed")) +
+                      " (its data order), not " + std::to_string(o.seed) + ": resume with --seed " +
+                      std::to_string(number("seed")));
+  if (step >= o.steps)
+    throw input_error("the checkpoint '" + path + "' is at step " + std::to_string(step) + " and --steps " +
+                      std::to_string(o.steps) + " counts every step from the start, the checkpoint's included: "
+                      "nothing is left to train; give --steps " + std::to_string(step + 1) + " or more to go on");
+  if (optimizer.metadata.count("global_batch") != 0 && number("global_batch") != r.global_batch &&
+      !o.global_batch_given)
+    throw input_error("the checkpoint '" + path + "' was trained with a global batch of " +
+                      std::to_string(number("global_batch")) + " sequences per step, but this run's default is " +
+                      std::to_string(r.global_batch) +
+                      (o.plan ? std::string(" (--plan's: 2 x the ranks)")
+                              : " (dp " + std::to_string(r.degrees().dp) + " x micro-batch " +
+                                    std::to_string(r.choice.micro_batch) + ")") +
+                      ": give --global-batch " + std::to_string(number("global_batch")) +
+                      " to continue the same run, or --global-batch " + std::to_string(r.global_batch) +
+                      " to change it on purpose");
+  for (const auto& [which, file, prefix] :
+       {std::tuple{state::params, &weights, ""}, std::tuple{state::exp_avg, &optimizer, "exp_avg."},
+        std::tuple{state::exp_avg_sq, &optimizer, "exp_avg_sq."}}) {
+    std::map<std::string, std::vector<float>> values;
+    model.load_whole_state(which, [&, f = file, p = std::string(prefix)](const std::string& name) {
+      auto& v = values[name];
+      if (v.empty()) v = weft::checkpoint::values_of<float>(f->at(p + name));
+      return std::span<const float>(v);
+    });
+  }
+  return {step, sequence};
+}
+
+/// The run in precision `T` (float: fp32; cuda::bf16: bf16 products on fp32 master weights).
+template <class T>
+int train(const options& o, const gpt_config& m, const run_layout& r, const corpus& data) {
   using clock = std::chrono::steady_clock;
+  constexpr const char* precision = std::is_same_v<T, cuda::bf16> ? "bf16" : "fp32";
   cudaStream_t raw = nullptr;
   // The dp group over NCCL (each rank's GPU chosen by its local rank; the unique id sent over MPI).
   weft::communicator<weft::nccl_backend> dp = weft::nccl_world();
@@ -310,22 +547,54 @@ int train_on_cuda(const options& o, const gpt_config& m, const run_layout& r, co
   WEFT_CHECK_CUDA(cudaStreamCreateWithFlags(&raw, cudaStreamNonBlocking));
   const std::unique_ptr<CUstream_st, stream_deleter> stream(raw);
   cuda::kernels k(stream.get(), cuda::gemm_math::fp32);
-  one_gpu_model model(m, r.choice.micro_batch, k);
-  // The gradients: the synchronizer's device buffer, summed over dp after the step's last
-  // micro-batch (the loss is already divided by the global batch's tokens), as the CPU trainer's.
-  weft::grad::synchronizer<weft::nccl_backend, float> sync(
-      dp, weft::grad::sync_options{.bucket_bytes = o.bucket_mb > 0 ? static_cast<std::size_t>(o.bucket_mb * (1 << 20))
-                                                                   : std::size_t{25} << 20,
-                                   .accumulation_steps = r.micro_batches,
-                                   .scale = weft::grad::scaling::sum,
-                                   .warn_if_not_overlapped = false});
+  // The gradients: the synchronizer's device buffer (fp32 in both precisions, so they are reduced
+  // in fp32), summed over dp after the step's last micro-batch (the loss is already divided by
+  // the global batch's tokens), as the CPU trainer's. With ZeRO-1 (--zero1) it reduce-scatters
+  // them instead, each rank's AdamW updates its shard, and the shards are gathered after the step.
+  using synchronizer = weft::grad::synchronizer<weft::nccl_backend, float>;
+  synchronizer sync(dp, weft::grad::sync_options{.bucket_bytes = o.bucket_mb > 0
+                                                                     ? static_cast<std::size_t>(o.bucket_mb * (1 << 20))
+                                                                     : std::size_t{25} << 20,
+                                                 .accumulation_steps = r.micro_batches,
+                                                 .scale = weft::grad::scaling::sum,
+                                                 .shard_optimizer_state = o.zero1,
+                                                 .warn_if_not_overlapped = false});
   sync.set_compute_stream(stream.get());
-  for (const param_spec& p : model.specs()) sync.add_param(p.name, p.local_elements);
+  const std::vector<param_spec> specs = rank_parameters(m, model_place{});
+  for (const param_spec& p : specs) sync.add_param(p.name, p.local_elements);
   sync.freeze();
-  std::vector<float*> grads;
-  for (std::size_t i = 0; i < model.specs().size(); ++i) grads.push_back(sync.grad(i).data());
-  model.bind_gradients(std::move(grads));
-  model.initialize(o.seed);
+  // The parameters in a device buffer laid out by the same plan (what gather_params fills).
+  synchronizer::buffer_type params(sync.shared_plan(), dp.native().device());
+  model_storage storage;
+  storage.params = params.all().data();
+  storage.params_total = params.all().size();
+  storage.sharded = o.zero1;
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    storage.param.push_back(params.view(i).data());
+    storage.grad.push_back(sync.grad(i).data());
+  }
+  if (o.zero1) {
+    std::size_t at = 0;
+    for (const weft::grad::shard_segment& s : sync.shard_segments())
+      storage.optimizer.push_back({s.param, s.param_offset, s.count, at}), at += s.count;
+  } else {
+    for (std::size_t i = 0; i < specs.size(); ++i)
+      storage.optimizer.push_back(
+          {i, 0, specs[i].local_elements, static_cast<std::size_t>(storage.param[i] - storage.params)});
+  }
+  one_gpu_model<T> model(m, r.choice.micro_batch, k, std::move(storage));
+  const whole_index index(m);
+  // Where the run starts: step 0 and the first sequence, or the checkpoint's step and position.
+  std::int64_t first_step = 0, first_sequence = 0;
+  if (o.resume) {
+    std::tie(first_step, first_sequence) = resume_checkpoint(model, o, r, index);
+    if (rank == 0) std::printf("resumed from %s at step %lld\n", o.resume->c_str(), static_cast<long long>(first_step));
+  } else {
+    model.initialize(o.seed);
+  }
+  auto position = [&](std::int64_t step) {
+    return data_position{o.seed, step, first_sequence + (step - first_step) * r.global_batch};
+  };
 
   const std::size_t n = model.micro_batch_rows(), seq1 = static_cast<std::size_t>(m.seq) + 1;
   const int per_dp = r.global_batch / r.degrees().dp;
@@ -335,18 +604,17 @@ int train_on_cuda(const options& o, const gpt_config& m, const run_layout& r, co
   const device_ptr<double> loss_sum = device_alloc<double>(1);
   std::vector<double> host_losses(static_cast<std::size_t>(r.micro_batches) * n);
   std::vector<std::int32_t> tokens(n), labels(n);
-  const whole_index index(m);
   std::vector<double> step_times;
   double first_loss = 0, last_loss = 0;
   if (rank == 0)
-    std::printf("train_gpt: %d layers, hidden %d, %d heads, vocab %d, seq %d (%.2f M parameters) on %d GPU(s) in fp32: "
-                "dp %d, global batch %d = %d micro-batch(es) of %d per dp rank\n",
+    std::printf("train_gpt: %d layers, hidden %d, %d heads, vocab %d, seq %d (%.2f M parameters) on %d GPU(s) in %s: "
+                "dp %d%s, global batch %d = %d micro-batch(es) of %d per dp rank\n",
                 m.layers, m.hidden, m.heads, m.vocab, m.seq, static_cast<double>(m.parameter_count()) / 1e6, dp.size(),
-                dp.size(), r.global_batch, r.micro_batches, r.choice.micro_batch);
+                precision, dp.size(), o.zero1 ? " +zero1" : "", r.global_batch, r.micro_batches, r.choice.micro_batch);
   const auto run_start = clock::now();
-  for (std::int64_t step = 0; step < o.steps; ++step) {
+  for (std::int64_t step = first_step; step < o.steps; ++step) {
     const auto t0 = clock::now();
-    const data_position at{o.seed, step, step * r.global_batch};
+    const data_position at = position(step);
     const std::vector<std::int32_t> slice = data.sequences(at, static_cast<std::int64_t>(rank) * per_dp, per_dp, m.seq);
     for (int mb = 0; mb < r.micro_batches; ++mb) {
       // Row i of the micro-batch is token i % seq of its sequence i / seq (trainer::fill_batches without cp or sp).
@@ -385,6 +653,9 @@ int train_on_cuda(const options& o, const gpt_config& m, const run_layout& r, co
                                               .beta2 = static_cast<float>(o.beta2),
                                               .eps = static_cast<float>(o.eps),
                                               .weight_decay = static_cast<float>(o.weight_decay)});
+    // ZeRO-1: every rank's updated shard to every rank (queued after AdamW; the compute stream waits).
+    if (o.zero1) sync.gather_params(params);
+    model.refresh_working_copy();
     sync.zero_grad();
     WEFT_CHECK_CUDA(cudaStreamSynchronize(stream.get()));
     // Summed as the CPU trainer sums them: each micro-batch's rows in order, the micro-batches,
@@ -404,9 +675,13 @@ int train_on_cuda(const options& o, const gpt_config& m, const run_layout& r, co
       dump->tensors.push_back(weft::checkpoint::make_record<float>("loss", {}, std::span<const float>(&l, 1)));
       weft::checkpoint::write_safetensors(*o.dump_grads, *dump);
     }
+    const bool last = step + 1 == o.steps;
+    // Every dp rank holds the same weights and moments: rank 0's are the checkpoint.
+    if (o.save && rank == 0 && (last || (o.save_every > 0 && (step + 1) % o.save_every == 0)))
+      save_checkpoint(model, o, m, r, index, data, step + 1, position(step + 1).sequence);
     const double step_s = std::chrono::duration<double>(clock::now() - t0).count();
     step_times.push_back(step_s);
-    if (step == 0) first_loss = loss;
+    if (step == first_step) first_loss = loss;
     last_loss = loss;
     if (!o.quiet && rank == 0) {
       std::printf("step %lld/%d | loss %.6f | %.0f tokens/s | step %.1f ms\n", static_cast<long long>(step + 1),
@@ -416,13 +691,20 @@ int train_on_cuda(const options& o, const gpt_config& m, const run_layout& r, co
   }
   if (rank == 0) {
     const double median = median_step_seconds(step_times);
-    std::printf("done: %d steps, loss %.4f -> %.4f, median step %.1f ms, %.0f tokens/s, %.1f s in all (dp %d on "
-                "GPUs, fp32, %d micro-batches of %d)\n",
-                o.steps, first_loss, last_loss, median * 1e3, median > 0 ? tokens_per_step / median : 0.0,
-                std::chrono::duration<double>(clock::now() - run_start).count(), dp.size(), r.micro_batches,
+    std::printf("done: %lld steps, loss %.4f -> %.4f, median step %.1f ms, %.0f tokens/s, %.1f s in all (dp %d on "
+                "GPUs, %s, %d micro-batches of %d)\n",
+                static_cast<long long>(o.steps - first_step), first_loss, last_loss, median * 1e3,
+                median > 0 ? tokens_per_step / median : 0.0,
+                std::chrono::duration<double>(clock::now() - run_start).count(), dp.size(), precision, r.micro_batches,
                 r.choice.micro_batch);
   }
   return 0;
+}
+
+}  // namespace
+
+int train_on_cuda(const options& o, const gpt_config& m, const run_layout& r, const corpus& data) {
+  return o.precision == precision_kind::bf16 ? train<cuda::bf16>(o, m, r, data) : train<float>(o, m, r, data);
 }
 
 }  // namespace train_gpt

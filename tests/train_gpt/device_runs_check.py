@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""train_gpt on GPUs: bf16 against fp32, bit-exact resume, ZeRO-1 against dp 2 (needs a GPU: label gpu).
+
+  device_runs_check.py bf16 TRAIN_GPT LAUNCH...
+  device_runs_check.py resume TRAIN_GPT LAUNCH...
+  device_runs_check.py zero1 [--rank-wrapper SCRIPT] TRAIN_GPT LAUNCH...
+
+The model is device_check.py's (2 layers, hidden 64, 4 heads, seq 32, vocabulary 256, two
+micro-batches of two sequences a step, lr 3e-3).
+
+bf16: --precision bf16 against --precision fp32 on the GPU, from the same weights and tokens.
+  The bands come from bf16's rounding (unit roundoff u = 2^-9, about 2e-3 relative) in this model,
+  not from a run:
+  1. the first step's loss within 2e-3 relative. At initialisation the logits are about
+     0.02 x sqrt(64) = 0.16 (wte's N(0, 0.02) against a normalised h); h and wte rounded to bf16,
+     and h carrying the roundings of the two layers before it (about ten, of u each), put each
+     logit within about 10 u x 0.16 = 3e-3 of fp32's; a row's loss moves by at most twice its
+     largest logit error (6e-3 of 5.5 nats, 1e-3 relative), and the mean over 128 rows averages
+     those errors' signs: 2e-3 is twice the worst case;
+  2. every gradient within 0.1 of the tensor's largest element: a gradient collects about twenty
+     roundings on its way back from the loss (each product's bf16 output and the residual
+     stream's bf16 gradient), about 20 u = 4 % at worst; 0.1 leaves a margin, and a wrong term,
+     index or missing conversion is off by the gradient's own size. The gradients must also differ
+     from fp32's by more than 1e-5 of the largest (fp32 runs repeat to the bit: a bf16 run equal
+     to fp32 would not be computing in bf16);
+  3. 50 steps: every loss within 3e-2 relative of fp32's. AdamW's update is about lr x m / sqrt(v),
+     which a gradient error of about 1 % moves by about 1 % where gradients are steady: after 50
+     steps of lr 3e-3 the weights differ by about 50 x 3e-3 x 1e-2 = 1.5e-3 against a change of
+     0.15 (1 %), moving the loss by about 1 % of its 3-nat fall plus bf16's own rounding of the
+     loss (item 1); 3e-2 is three times that. bf16 must train: its last loss at least 1 nat below
+     its first;
+  4. two bf16 runs print the same 50 losses (every kernel, conversions included, is deterministic).
+
+resume: for fp32 and for bf16, 2N steps (N = 4) with --save, against N steps with --save then
+  --resume for the other N with --save: the losses of steps N+1..2N printed alike (to the last
+  digit), and the two final checkpoints (weights, and AdamW's moments with the step and the data
+  position) byte-equal.
+
+zero1: dp 2 with --zero1 (AdamW on each rank's shard of the reduce-scattered gradients, then the
+  shards gathered) against plain dp 2, 10 steps in fp32 and in bf16: the same printed losses to the
+  last digit. With two ranks a reduce-scatter and an all-reduce add the same two numbers, and
+  AdamW is elementwise, so the weights stay bit-equal; a shard left ungathered, a moment applied to
+  the wrong run or a stale bf16 copy changes the losses from the second step. --rank-wrapper runs
+  each rank through SCRIPT (tests/nccl/per_rank_hostid.sh, where the ranks share one GPU).
+"""
+import filecmp
+import os
+import re
+import struct
+import subprocess
+import sys
+import tempfile
+
+import safetensors_file
+
+MODEL = ["--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "32", "--positions", "64", "--seed", "7",
+         "--micro-batch", "2", "--global-batch", "4", "--lr", "3e-3"]
+
+
+def run(command, expect=0):
+    r = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    if r.returncode != expect:
+        sys.stderr.write(r.stdout[-4000:] + r.stderr[-4000:])
+        sys.exit(f"device_runs_check: '{' '.join(command)}' exited with {r.returncode}, not {expect}")
+    return r.stdout + r.stderr
+
+
+def losses(text):
+    """(step, loss as printed) of each step line."""
+    return [(int(m.group(1)), m.group(2)) for m in re.finditer(r"^step (\d+)/\d+ \| loss ([0-9.]+)", text, re.M)]
+
+
+def floats(path):
+    """name -> the float32 values of each F32 tensor of a safetensors file."""
+    return {name: struct.unpack(f"<{len(data) // 4}f", data)
+            for name, (dtype, _, data) in safetensors_file.read(path)[1].items() if dtype == "F32"}
+
+
+def check_bf16(one, tmp, failures):
+    dumps = {}
+    for precision in ("fp32", "bf16"):
+        path = os.path.join(tmp, precision + ".safetensors")
+        out = run(one + MODEL + ["--precision", precision, "--steps", "1", "--dump-grads", path, "--quiet"])
+        if f"GPU(s) in {precision}" not in out:
+            failures.append(f"--precision {precision} did not say it trains on the GPU in {precision}:\n" + out[-2000:])
+        dumps[precision] = floats(path)
+    fp32, bf16 = dumps["fp32"], dumps["bf16"]
+    loss_error = abs(bf16["loss"][0] - fp32["loss"][0]) / abs(fp32["loss"][0])
+    print(f"bf16 first-step loss: fp32 {fp32['loss'][0]:.7f} bf16 {bf16['loss'][0]:.7f} (relative {loss_error:.1e}, "
+          "band 2e-3)")
+    if loss_error > 2e-3:
+        failures.append(f"bf16's first-step loss {bf16['loss'][0]} is {loss_error:.2e} from fp32's {fp32['loss'][0]}")
+    if sorted(fp32) != sorted(bf16):
+        failures.append(f"the dumps hold different tensors: {sorted(set(fp32) ^ set(bf16))}")
+    worst, worst_name = 0.0, ""
+    for name in sorted(fp32):
+        if name == "loss" or name not in bf16:
+            continue
+        scale = max(abs(v) for v in fp32[name]) or 1.0
+        error = max(abs(a - b) for a, b in zip(fp32[name], bf16[name])) / scale
+        if error > worst:
+            worst, worst_name = error, name
+        if error > 0.1 or len(fp32[name]) != len(bf16[name]):
+            failures.append(f"bf16 gradient {name}: off by {error:.2e} of fp32's largest element {scale:.3e} (band 0.1)")
+    print(f"bf16 gradients: {len(fp32) - 1} tensors, worst {worst:.1e} of the tensor's largest element ({worst_name}; "
+          "band 0.1)")
+    if worst <= 1e-5:
+        failures.append(f"bf16's gradients are fp32's to {worst:.1e}: --precision bf16 does not compute in bf16")
+
+    curves = {}
+    for precision, tag in (("fp32", "fp32"), ("bf16", "bf16"), ("bf16", "bf16 again")):
+        curves[tag] = losses(run(one + MODEL + ["--precision", precision, "--steps", "50"]))
+    values = {tag: [float(loss) for _, loss in curve] for tag, curve in curves.items()}
+    if len(values["fp32"]) != 50 or len(values["bf16"]) != 50:
+        failures.append(f"50 steps printed {len(values['fp32'])} (fp32) and {len(values['bf16'])} (bf16) losses")
+        return
+    drift = max(abs(b - f) / f for f, b in zip(values["fp32"], values["bf16"]))
+    print(f"bf16 50 steps: fp32 {values['fp32'][0]:.4f} -> {values['fp32'][-1]:.4f}, bf16 {values['bf16'][0]:.4f} -> "
+          f"{values['bf16'][-1]:.4f}, largest relative difference {drift:.1e} (band 3e-2)")
+    if drift > 3e-2:
+        failures.append(f"the bf16 curve left fp32's by {drift:.2e} relative (band 3e-2)")
+    if values["bf16"][0] - values["bf16"][-1] < 1.0:
+        failures.append(f"bf16 did not train: loss {values['bf16'][0]} -> {values['bf16'][-1]} in 50 steps")
+    if curves["bf16"] != curves["bf16 again"]:
+        failures.append("two bf16 runs printed different losses: " +
+                        str([(a, b) for a, b in zip(curves["bf16"], curves["bf16 again"]) if a != b][:3]))
+
+
+def check_resume(one, tmp, failures):
+    n = 4
+    for precision in ("fp32", "bf16"):
+        flags = MODEL + ["--precision", precision]
+        whole = os.path.join(tmp, precision + "_whole.safetensors")
+        split = os.path.join(tmp, precision + "_split.safetensors")
+        straight = losses(run(one + flags + ["--steps", str(2 * n), "--save", whole]))
+        first = losses(run(one + flags + ["--steps", str(n), "--save", split]))
+        text = run(one + flags + ["--steps", str(2 * n), "--resume", split, "--save", split])
+        second = losses(text)
+        if f"resumed from {split} at step {n}" not in text:
+            failures.append(f"{precision}: the resumed run did not say it resumed at step {n}:\n" + text[-2000:])
+        if first != straight[:n] or second != straight[n:]:
+            failures.append(f"{precision}: {2 * n} steps printed {straight}, {n} + resume + {n} printed {first + second}")
+        same = [filecmp.cmp(a, b, shallow=False) for a, b in ((whole, split), (whole + ".optimizer", split + ".optimizer"))]
+        print(f"resume ({precision}): {n} + {n} steps against {2 * n}: losses {'equal' if second == straight[n:] else 'differ'}, "
+              f"weights {'byte-equal' if same[0] else 'differ'}, optimizer state {'byte-equal' if same[1] else 'differs'}")
+        if not all(same):
+            a, b = floats(whole), floats(split)
+            differing = sorted(k for k in a if a[k] != b.get(k))
+            failures.append(f"{precision}: the final weights of {2 * n} steps and of {n} + resume + {n} differ: "
+                            f"{differing[:5] or 'in their metadata'} (weights {same[0]}, optimizer state {same[1]})")
+
+
+def check_zero1(two, failures):
+    for precision in ("fp32", "bf16"):
+        flags = MODEL + ["--precision", precision, "--dp", "2", "--steps", "10"]
+        plain = run(two + flags)
+        sharded = run(two + flags + ["--zero1"])
+        if "+zero1," not in sharded:
+            failures.append(f"{precision}: --zero1 did not say it shards the optimizer state:\n" + sharded[-2000:])
+        a, b = losses(plain), losses(sharded)
+        print(f"zero1 ({precision}): dp2 {a[-1:]} dp2 +zero1 {b[-1:]}, {'equal' if a == b else 'different'} over "
+              f"{len(a)} steps")
+        if len(a) != 10 or a != b:
+            failures.append(f"{precision}: dp2 printed {a}, dp2 with --zero1 {b}")
+
+
+def main():
+    mode, args = sys.argv[1], sys.argv[2:]
+    wrapper = []
+    if args[:1] == ["--rank-wrapper"]:
+        wrapper, args = [args[1]], args[2:]
+    train_gpt, launch = args[0], args[1:]
+    one = launch + ["-n", "1", train_gpt, "--device", "cuda"]
+    two = launch + ["-n", "2"] + wrapper + [train_gpt, "--device", "cuda"]
+    failures = []
+    with tempfile.TemporaryDirectory() as tmp:
+        if mode == "bf16":
+            check_bf16(one, tmp, failures)
+        elif mode == "resume":
+            check_resume(one, tmp, failures)
+        elif mode == "zero1":
+            check_zero1(two, failures)
+        else:
+            sys.exit(f"device_runs_check: unknown mode '{mode}' (bf16, resume or zero1)")
+    if failures:
+        print("device_runs_check: FAILED:\n" + "\n".join(failures))
+        return 1
+    print(f"device_runs_check: {mode} passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
