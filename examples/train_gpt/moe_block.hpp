@@ -15,8 +15,6 @@
 //  - Each micro-batch's activation set holds its own layer state (what backward needs), so the
 //    pipeline schedules keep several micro-batches in flight.
 
-#include <cblas.h>
-
 #include <cstddef>
 #include <exception>
 #include <functional>
@@ -32,6 +30,7 @@
 #include <weft/layout/layout.hpp>
 #include <weft/moe/layer.hpp>
 
+#include "blas_gemm.hpp"
 #include "gpt_config.hpp"
 #include "options.hpp"
 #include "parameters.hpp"
@@ -39,21 +38,7 @@
 namespace train_gpt {
 
 /// weft::moe's products on OpenBLAS (the library's reference_gemm is plain loops).
-struct blas_gemm {
-  void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
-            std::size_t lda, const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc) const {
-    if (m == 0 || n == 0) return;
-    if (k == 0) {  // BLAS would scale c by beta; the interface's beta == 0 overwrites
-      for (std::size_t i = 0; i < m; ++i)
-        for (std::size_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0 ? 0.0f : beta * c[i * ldc + j];
-      return;
-    }
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-                static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b,
-                static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
-  }
-};
-static_assert(weft::moe::gemm_kernel<blas_gemm>);
+using weft_programs::blas_gemm;
 
 /// The MoE settings of a run (flags --moe-* and --ep).
 struct moe_settings {
