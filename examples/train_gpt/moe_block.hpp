@@ -8,10 +8,10 @@
 //    rows (the experts are not split over tp; the ep group is the ranks of one tp coordinate,
 //    Megatron-Core's expert grid with expert-tp = tp), so the output, the input gradient and the
 //    router's and experts' gradients are whole on every tp rank: nothing is summed over tp.
-//  - The router and all E experts are parameters of every rank of the stage (whole tensors,
-//    checkpointed and reduced as the other replicated ones); a rank computes and adds gradients
-//    only for its own E / ep experts, so the sum over the dp x cp ranks (the synchronizer's or
-//    FSDP's reduction) adds every expert's gradient from each ep group that computed it.
+//  - The router is a parameter of every rank of the stage, reduced over dp x cp like the other
+//    replicated ones; each expert is a parameter of its ep rank alone (rank r holds experts
+//    r * E / ep ..), whole, and its gradient (complete for every token routed to it from the ep
+//    group) is summed over the expert data-parallel group, the ranks that hold the same experts.
 //  - Each micro-batch's activation set holds its own layer state (what backward needs), so the
 //    pipeline schedules keep several micro-batches in flight.
 
