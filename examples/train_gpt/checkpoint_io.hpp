@@ -4,7 +4,8 @@
 //
 // Saving: every rank writes the elements it owns into a zeroed copy of the whole model (one
 // rank owns each element: dp rank 0 and cp rank 0, tp rank 0 for what tp replicates, the first
-// stage for the tied embedding; for ZeRO-1 state, the dp-cp rank whose shard holds it), and
+// stage for the tied embedding, expert-dp rank 0 of the ep rank that holds an MoE expert; for
+// ZeRO-1 state, the rank whose shard holds it), and
 // one sum-reduction to world rank 0 assembles the whole tensors there. Loading: every rank reads
 // the file and cuts out its own part. (Distributed checkpoints, --save-dir, gather nothing: each
 // rank's part is described as boxes of the whole tensors, whole_boxes, and the box helpers below
@@ -56,9 +57,15 @@ struct whole_index {
 struct ownership {
   int tp_rank = 0, tp = 1;
   bool data_leader = false;  // dp rank 0 and cp rank 0: the one copy of state every dp-cp rank holds whole
+  /// expert-dp rank 0 and expert-tp rank 0: the one copy of the experts that the ranks of an
+  /// expert-dp group hold (each MoE expert is held by its ep rank alone)
+  bool expert_leader = false;
+  int expert_tp_rank = 0;
 
-  /// `sharded`: the state is split over the dp-cp group (ZeRO-1), so each rank owns its shard.
+  /// `sharded`: the state is split over the group that reduces it (ZeRO-1: dp-cp, or expert-dp
+  /// for the experts), so each rank owns its shard.
   bool owns(const param_spec& p, bool sharded) const {
+    if (p.expert >= 0) return expert_tp_rank == 0 && (sharded || expert_leader);
     if (p.split == tp_split::replicated && tp_rank != 0) return false;
     return sharded || data_leader;
   }

@@ -8,14 +8,12 @@
 //    rows (the experts are not split over tp; the ep group is the ranks of one tp coordinate,
 //    Megatron-Core's expert grid with expert-tp = tp), so the output, the input gradient and the
 //    router's and experts' gradients are whole on every tp rank: nothing is summed over tp.
-//  - The router and all E experts are parameters of every rank of the stage (whole tensors,
-//    checkpointed and reduced as the other replicated ones); a rank computes and adds gradients
-//    only for its own E / ep experts, so the sum over the dp x cp ranks (the synchronizer's or
-//    FSDP's reduction) adds every expert's gradient from each ep group that computed it.
+//  - The router is a parameter of every rank of the stage, reduced over dp x cp like the other
+//    replicated ones; each expert is a parameter of its ep rank alone (rank r holds experts
+//    r * E / ep ..), whole, and its gradient (complete for every token routed to it from the ep
+//    group) is summed over the expert data-parallel group, the ranks that hold the same experts.
 //  - Each micro-batch's activation set holds its own layer state (what backward needs), so the
 //    pipeline schedules keep several micro-batches in flight.
-
-#include <cblas.h>
 
 #include <cstddef>
 #include <exception>
@@ -32,6 +30,7 @@
 #include <weft/layout/layout.hpp>
 #include <weft/moe/layer.hpp>
 
+#include "blas_gemm.hpp"
 #include "gpt_config.hpp"
 #include "options.hpp"
 #include "parameters.hpp"
@@ -39,21 +38,7 @@
 namespace train_gpt {
 
 /// weft::moe's products on OpenBLAS (the library's reference_gemm is plain loops).
-struct blas_gemm {
-  void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
-            std::size_t lda, const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc) const {
-    if (m == 0 || n == 0) return;
-    if (k == 0) {  // BLAS would scale c by beta; the interface's beta == 0 overwrites
-      for (std::size_t i = 0; i < m; ++i)
-        for (std::size_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0 ? 0.0f : beta * c[i * ldc + j];
-      return;
-    }
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-                static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b,
-                static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
-  }
-};
-static_assert(weft::moe::gemm_kernel<blas_gemm>);
+using weft_programs::blas_gemm;
 
 /// The MoE settings of a run (flags --moe-* and --ep).
 struct moe_settings {

@@ -9,7 +9,8 @@
 // (weft::tp::partition_vocab: Megatron's padding to a multiple of 128 x tp, the padded rows
 // zero, never in a checkpoint). Pipeline parallelism gives virtual stage s = chunk * pp + pp_rank the layers
 // [s * L / (pp * vp), (s + 1) * L / (pp * vp)); the first virtual stage holds the embeddings, the
-// last the final layer norm and, with pp > 1, its own copy of the tied token embedding.
+// last the final layer norm and, with pp > 1, its own copy of the tied token embedding. An MoE
+// block's experts are held by their ep rank alone (rank r of ep: experts r * E / ep ..), whole.
 
 #include <cstddef>
 #include <cstdint>
@@ -50,7 +51,7 @@ struct param_spec {
   std::size_t local_elements = 0;     // on this rank
   std::int64_t padded_rows = 0;       // vocab_rows: the padded first dimension
   bool decay = false;                 // AdamW weight decay: matrices and embeddings, not biases and norms
-  int expert = -1;                    // an MoE expert's index (its tensors are whole on every rank)
+  int expert = -1;                    // an MoE expert's index (its tensors whole on the expert's ep rank)
 };
 
 /// Whether `p` belongs to an MoE block's MLP, whose gradients are whole on every tp rank (each tp
@@ -63,10 +64,12 @@ inline std::int64_t elements_of(std::span<const std::int64_t> shape) {
   return n;
 }
 
-/// This rank's place in the model: its tp rank and size, and its pipeline position.
+/// This rank's place in the model: its tp rank and size, its pipeline position, and its ep rank
+/// and size (which MoE experts it holds).
 struct model_place {
   int tp_rank = 0, tp = 1;
   int pp_rank = 0, pp = 1, vp = 1;
+  int ep_rank = 0, ep = 1;
 
   int virtual_stage(int chunk) const noexcept { return chunk * pp + pp_rank; }
   bool first_stage(int chunk) const noexcept { return virtual_stage(chunk) == 0; }
@@ -122,7 +125,8 @@ inline std::vector<param_spec> rank_parameters(const gpt_config& m, const model_
       add(h + "ln_2.bias", param_role::ln_2_b, l, chunk, {c}, tp_split::replicated);
       if (m.moe_layer(l)) {
         add(h + "mlp.router.weight", param_role::router_w, l, chunk, {m.moe_experts, c}, tp_split::replicated);
-        for (int e = 0; e < m.moe_experts; ++e) {
+        const int local = m.moe_experts / at.ep;  // this ep rank's experts (weft::moe's split)
+        for (int e = at.ep_rank * local; e < (at.ep_rank + 1) * local; ++e) {
           const std::string x = h + "mlp.experts." + std::to_string(e) + ".";
           add(x + "c_fc.weight", param_role::expert_fc_w, l, chunk, {c, 4 * c}, tp_split::replicated, 1, e);
           add(x + "c_fc.bias", param_role::expert_fc_b, l, chunk, {4 * c}, tp_split::replicated, 1, e);

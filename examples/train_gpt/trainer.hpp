@@ -110,6 +110,11 @@ inline run_layout resolve_layout(weft::tune::layout_choice choice, int global_ba
   if (fully_sharded && schedule != "1f1b")
     throw input_error("--sharding zero2, zero3 and hsdp need --schedule 1f1b (the default): the schedule '" + schedule +
                       "' starts a micro-batch's forward before the previous one's backward ended");
+  if (fully_sharded && d.ep > 1 && m.moe_experts > 0)
+    throw input_error("--sharding zero2, zero3 and hsdp shard parameters over the dp x cp ranks, which all hold the "
+                      "same ones, but with --ep " + std::to_string(d.ep) + " each rank holds only its E / ep experts, "
+                      "reduced over the expert data-parallel ranks: use --sharding zero1 (it shards the experts' "
+                      "optimizer state over those ranks) or --ep 1");
   if (std::optional<std::string> problem = moe_problem(m, d)) throw input_error(*problem);
   std::vector<std::string> problems = shape_problems(m, choice);
   if (!problems.empty()) {
@@ -194,7 +199,9 @@ class trainer {
                .tp = r.degrees().tp,
                .pp_rank = coords_.pp,
                .pp = r.degrees().pp,
-               .vp = r.degrees().virtual_stages},
+               .vp = r.degrees().virtual_stages,
+               .ep_rank = coords_.ep,
+               .ep = r.degrees().ep},
         specs_(rank_parameters(m_, place_)),
         model_({.model = m_, .place = place_, .sequence_parallel = r.sequence_parallel(),
                 .micro_batch = r.choice.micro_batch, .cp = r.degrees().cp, .recompute = r.choice.recompute_mode,
@@ -202,7 +209,12 @@ class trainer {
                specs_, groups_.tp(), groups_.cp(),
                m_.moe_experts > 0 ? &groups_.get(weft::layout::group_kind::ep) : nullptr),
         trace_(o_.trace.has_value()), index_(m_) {
-    own_ = {.tp_rank = coords_.tp, .tp = r.degrees().tp, .data_leader = coords_.dp == 0 && coords_.cp == 0};
+    own_ = {.tp_rank = coords_.tp,
+            .tp = r.degrees().tp,
+            .data_leader = coords_.dp == 0 && coords_.cp == 0,
+            .expert_leader = coords_.expert_dp == 0 && coords_.expert_tp == 0,
+            .expert_tp_rank = coords_.expert_tp};
+    for (const param_spec& p : specs_) local_parameters_ += p.local_elements;
     skip_.assign(specs_.size(), false);
     for (int c = 0; c < place_.vp; ++c) chunk_params_.emplace_back();
     for (std::size_t i = 0; i < specs_.size(); ++i) chunk_params_[static_cast<std::size_t>(specs_[i].chunk)].push_back(i);
@@ -223,29 +235,46 @@ class trainer {
         packed_segments_.push_back({i, 0, specs_[i].local_elements, fsdp_->packed_offsets()[i]});
       return;
     }
-    sync_ = std::make_unique<weft::grad::synchronizer<B, float>>(
-        groups_.get(weft::layout::group_kind::dp_cp),
-        weft::grad::sync_options{.bucket_bytes = o_.bucket_mb > 0 ? static_cast<std::size_t>(o_.bucket_mb * (1 << 20))
-                                                                   : weft::grad::measured_bucket_bytes,
-                                 .scale = weft::grad::scaling::sum,
-                                 .shard_optimizer_state = o_.zero1,
-                                 .overlap = o_.overlap,
-                                 .warn_if_not_overlapped = false});
-    for (const param_spec& p : specs_) sync_->add_param(p.name, p.local_elements);
-    sync_->freeze();
-    params_ = std::make_unique<weft::grad::flat_buffer<float>>(sync_->shared_plan());
+    for (std::size_t i = 0, offset = 0; i < specs_.size(); offset += specs_[i].local_elements, ++i)
+      packed_segments_.push_back({i, 0, specs_[i].local_elements, offset});
+    // With ep > 1 the experts are reduced apart, over the expert data-parallel group (the ranks
+    // holding the same experts); with ep = 1 that group is the dp x cp group itself. A stage
+    // without MoE blocks has no expert part (nor has any rank of its expert-dp group).
+    const bool experts_apart = r.degrees().ep > 1;
+    part_of_.resize(specs_.size());
+    for (std::size_t i = 0; i < specs_.size(); ++i) {
+      const std::size_t p = experts_apart && specs_[i].expert >= 0 ? 1 : 0;
+      if (parts_.size() <= p) parts_.resize(p + 1);
+      part_of_[i] = {p, parts_[p].members.size()};
+      parts_[p].members.push_back(i);
+    }
+    for (std::size_t p = 0; p < parts_.size(); ++p) {
+      reduced_part& part = parts_[p];
+      part.sync = std::make_unique<weft::grad::synchronizer<B, float>>(
+          groups_.get(p == 0 ? weft::layout::group_kind::dp_cp : weft::layout::group_kind::expert_dp),
+          weft::grad::sync_options{.bucket_bytes = o_.bucket_mb > 0 ? static_cast<std::size_t>(o_.bucket_mb * (1 << 20))
+                                                                     : weft::grad::measured_bucket_bytes,
+                                   .scale = weft::grad::scaling::sum,
+                                   .shard_optimizer_state = o_.zero1,
+                                   .overlap = o_.overlap,
+                                   .warn_if_not_overlapped = false});
+      for (std::size_t i : part.members) part.sync->add_param(specs_[i].name, specs_[i].local_elements);
+      part.sync->freeze();
+      part.params = std::make_unique<weft::grad::flat_buffer<float>>(part.sync->shared_plan());
+    }
     std::vector<std::span<float>> pv, gv;
     for (std::size_t i = 0; i < specs_.size(); ++i) {
-      pv.push_back(params_->view(i));
-      gv.push_back(sync_->grad(i));
+      pv.push_back(param_view(i));
+      gv.push_back(grad_view(i));
     }
     model_.bind(std::move(pv), std::move(gv));
     for (std::size_t i = 0; i < specs_.size(); ++i)
       skip_[i] = specs_[i].role == param_role::wte && place_.pp > 1 && !place_.first_stage(specs_[i].chunk);
-    // Optimizer state: whole local parameters, or this rank's ZeRO-1 shard.
+    // Optimizer state: whole local parameters, or this rank's ZeRO-1 shards (the experts' over expert-dp).
     if (o_.zero1) {
-      for (const weft::grad::shard_segment& s : sync_->shard_segments())
-        opt_segments_.push_back({s.param, s.param_offset, s.count, opt_size_}), opt_size_ += s.count;
+      for (const reduced_part& part : parts_)
+        for (const weft::grad::shard_segment& s : part.sync->shard_segments())
+          opt_segments_.push_back({part.members[s.param], s.param_offset, s.count, opt_size_}), opt_size_ += s.count;
     } else {
       for (std::size_t i = 0; i < specs_.size(); ++i)
         opt_segments_.push_back({i, 0, specs_[i].local_elements, opt_size_}), opt_size_ += specs_[i].local_elements;
@@ -265,7 +294,7 @@ class trainer {
     for (std::size_t i = 0; i < specs_.size(); ++i) {
       const std::vector<float> whole = initial_whole(specs_[i], m_, o_.seed);
       if (!fsdp_) {
-        cut_local(specs_[i], place_.tp_rank, place_.tp, whole, params_->view(i));
+        cut_local(specs_[i], place_.tp_rank, place_.tp, whole, param_view(i));
         continue;
       }
       // Every rank of the shard group computes the same values and keeps its shard.
@@ -432,16 +461,16 @@ class trainer {
         for (std::size_t i : chunk_params_[static_cast<std::size_t>(place_.vp - 1)])
           if (skip_[i]) {
             sum_split_gradient(i);
-            sync_->mark_ready(i);
+            mark_ready(i);
           }
-        sync_->finish();
+        for (reduced_part& part : parts_) part.sync->finish();
       }
       const double tail_s = std::chrono::duration<double>(clock::now() - t_tail).count();
       const auto t_dump = clock::now();
       if (o_.dump_grads) dump_gradients(*o_.dump_grads, step);
       const auto t_opt = clock::now();
       double gather_s = optimizer_step(step + 1);
-      if (sync_) sync_->zero_grad();
+      for (reduced_part& part : parts_) part.sync->zero_grad();
       trace_.add("optimizer", "compute", t_opt, clock::now());
       trace_.add("gradient reduction (exposed)", "dp reduction", t_tail, t_dump);
 
@@ -463,7 +492,8 @@ class trainer {
       world_.all_reduce(std::span<double>(times), weft::reduce_op::max);
       // The largest resident memory of any rank so far (model, optimizer state, activations, buffers).
       // And the largest training state (parameters, gradients, optimizer state, gathered units).
-      std::array<std::int64_t, 2> memory{max_rss_bytes(), static_cast<std::int64_t>(state_bytes())};
+      std::array<std::int64_t, 3> memory{max_rss_bytes(), static_cast<std::int64_t>(state_bytes()),
+                                         static_cast<std::int64_t>(local_parameters_)};
       world_.all_reduce(std::span<std::int64_t>(memory), weft::reduce_op::max);
       const std::int64_t peak_memory = memory[0];
       if (rank == 0 && o_.dump_grads) finish_dump(loss, {{"ce_loss", ce_loss}, {"aux_loss", aux_loss}, {"z_loss", z_loss}});
@@ -492,7 +522,7 @@ class trainer {
           log_json << "{\"step\": " << step + 1 << ", \"loss\": " << loss << ", \"tokens_per_s\": " << tps
                    << ", \"step_time_s\": " << times[2] << ", \"exposed_comm_s\": " << times[0]
                    << ", \"bubble_s\": " << times[1] << ", \"max_rss_bytes\": " << peak_memory
-                   << ", \"training_state_bytes\": " << memory[1];
+                   << ", \"training_state_bytes\": " << memory[1] << ", \"max_rank_parameters\": " << memory[2];
           if (predicted_) log_json << ", \"predicted_step_time_s\": " << *predicted_;
           if (val_loss) log_json << ", \"val_loss\": " << *val_loss;
           log_json << "}\n";
@@ -592,7 +622,7 @@ class trainer {
     }
     std::vector<param_run<T>> out;
     if (which == saved_state::params) {
-      for (std::size_t i = 0; i < specs_.size(); ++i) out.push_back({i, 0, params_->view(i)});
+      for (std::size_t i = 0; i < specs_.size(); ++i) out.push_back({i, 0, param_view(i)});
       return out;
     }
     std::vector<float>& moments = which == saved_state::exp_avg ? m1_ : m2_;
@@ -644,7 +674,7 @@ class trainer {
     const ckpt::checkpoint_info info{
         .step = step,
         .data_position = {{"sequence", position(step).sequence}, {"seed", static_cast<std::int64_t>(o_.seed)}},
-        .layout = {{"tp", d.tp}, {"pp", d.pp}, {"dp", d.dp}, {"cp", d.cp}, {"vp", d.virtual_stages},
+        .layout = {{"tp", d.tp}, {"pp", d.pp}, {"dp", d.dp}, {"cp", d.cp}, {"ep", d.ep}, {"vp", d.virtual_stages},
                    {"sequence_parallel", r_.sequence_parallel() ? 1 : 0}, {"zero_stage", zero_stage},
                    {"hsdp", o_.hybrid ? 1 : 0}, {"micro_batch", r_.choice.micro_batch},
                    {"global_batch", r_.global_batch}},
@@ -745,16 +775,16 @@ class trainer {
       throw input_error(e.what());
     }
     std::map<std::string, std::vector<float>> values;
-    std::vector<float> packed;
-    if (fsdp_) packed.resize(fsdp_->packed_elements());
-    scatter_whole(specs_, fsdp_ ? packed_segments_ : buffer_segments(*params_),
-                  fsdp_ ? std::span<float>(packed) : params_->all(), place_.tp_rank, place_.tp,
+    std::vector<float> packed(packed_elements());
+    scatter_whole(specs_, packed_segments_, packed, place_.tp_rank, place_.tp,
                   [&](const std::string& name) {
                     auto& v = values[name];
                     if (v.empty()) v = weft::checkpoint::values_of<float>(f.at(name));
                     return std::span<const float>(v);
                   });
-    if (fsdp_) fsdp_->load_packed(fully_sharded<B>::state::params, packed);
+    if (fsdp_) return fsdp_->load_packed(fully_sharded<B>::state::params, packed);
+    for (const state_segment& seg : packed_segments_)
+      std::copy_n(packed.data() + seg.state_offset, seg.count, param_view(seg.param).data());
   }
 
   /// Where step `step`'s sequences come from: sampled text by (seed, step); token files by the
@@ -834,7 +864,7 @@ class trainer {
       const std::size_t i = *it;
       if (skip_[i] || group_of(specs_[i]) != group) continue;  // skip_: the last stage's embedding copy, after the step
       sum_split_gradient(i);
-      sync_->mark_ready(i);
+      mark_ready(i);
     }
   }
 
@@ -850,9 +880,9 @@ class trainer {
   /// first and last stages for the tied embedding.
   void sum_split_gradient(std::size_t i) {
     if (r_.sequence_parallel() && specs_[i].split == tp_split::replicated && !moe_param(specs_[i]))
-      groups_.tp().all_reduce(sync_->grad(i));
+      groups_.tp().all_reduce(grad_view(i));
     if (specs_[i].role == param_role::wte && place_.pp > 1)
-      groups_.get(weft::layout::group_kind::embedding).all_reduce(sync_->grad(i));
+      groups_.get(weft::layout::group_kind::embedding).all_reduce(grad_view(i));
   }
 
   /// AdamW on every local parameter, or on the ZeRO-1 shard and then the gather. Returns the
@@ -868,14 +898,14 @@ class trainer {
       return 0;
     }
     for (const state_segment& seg : opt_segments_) {
-      float* p = params_->view(seg.param).data() + seg.param_offset;
-      const float* g = sync_->grad(seg.param).data() + seg.param_offset;
+      float* p = param_view(seg.param).data() + seg.param_offset;
+      const float* g = grad_view(seg.param).data() + seg.param_offset;
       cpu_kernels::adamw(p, g, m1_.data() + seg.state_offset, m2_.data() + seg.state_offset, seg.count, step, s,
                          specs_[seg.param].decay);
     }
     if (!o_.zero1) return 0;
     const auto t0 = clock::now();
-    sync_->gather_params(*params_);
+    for (reduced_part& part : parts_) part.sync->gather_params(*part.params);
     trace_.add("ZeRO-1 parameter gather", "dp reduction", t0, clock::now());
     return std::chrono::duration<double>(clock::now() - t0).count();
   }
@@ -884,7 +914,9 @@ class trainer {
   /// state (and, fully sharded, the gathered units and gradient buffers in flight).
   std::size_t state_bytes() const {
     if (fsdp_) return fsdp_->peak_state_bytes();
-    return (params_->all().size() + sync_->grads().all().size() + m1_.size() + m2_.size()) * sizeof(float);
+    std::size_t elements = m1_.size() + m2_.size();
+    for (const reduced_part& part : parts_) elements += part.params->all().size() + part.sync->grads().all().size();
+    return elements * sizeof(float);
   }
 
   /// HSDP's node size: the flag's, or the launcher's ranks on this node.
@@ -902,13 +934,33 @@ class trainer {
     return gather_whole(world_, index_, specs_, segments, state, own_, sharded, skip_);
   }
 
-  /// Parameter segments as offsets into the flat buffer (for gathering straight from it).
-  std::vector<state_segment> buffer_segments(const weft::grad::flat_buffer<float>& buffer) const {
-    std::vector<state_segment> out;
-    for (std::size_t i = 0; i < specs_.size(); ++i)
-      out.push_back({i, 0, specs_[i].local_elements,
-                     static_cast<std::size_t>(buffer.view(i).data() - buffer.all().data())});
+  /// The local parts of every parameter, one after another in rank_parameters order (at
+  /// packed_segments_), from `view(i)`: whole-file checkpoints and dumps gather from this copy.
+  template <class View>
+  std::vector<float> packed_copy(View&& view) const {
+    std::vector<float> out(packed_elements());
+    for (const state_segment& seg : packed_segments_) {
+      const std::span<const float> values = view(seg.param);
+      std::copy(values.begin(), values.end(), out.begin() + static_cast<std::ptrdiff_t>(seg.state_offset));
+    }
     return out;
+  }
+  std::size_t packed_elements() const noexcept {
+    return packed_segments_.empty() ? 0 : packed_segments_.back().state_offset + packed_segments_.back().count;
+  }
+
+  // ---- the synchronizers' parameters (none and ZeRO-1) ------------------------------------
+  std::span<float> param_view(std::size_t i) const {
+    const auto [p, j] = part_of_[i];
+    return parts_[p].params->view(j);
+  }
+  std::span<float> grad_view(std::size_t i) const {
+    const auto [p, j] = part_of_[i];
+    return parts_[p].sync->grad(j);
+  }
+  void mark_ready(std::size_t i) {
+    const auto [p, j] = part_of_[i];
+    parts_[p].sync->mark_ready(j);
   }
 
   void save(weft::checkpoint::async_writer& writer, std::int64_t step) {
@@ -920,7 +972,7 @@ class trainer {
       m1 = gather(packed_segments_, fsdp_->packed(state::exp_avg), false);
       m2 = gather(packed_segments_, fsdp_->packed(state::exp_avg_sq), false);
     } else {
-      params = gather(buffer_segments(*params_), params_->all(), false);
+      params = gather(packed_segments_, packed_copy([&](std::size_t i) { return param_view(i); }), false);
       m1 = gather(opt_segments_, m1_, o_.zero1);
       m2 = gather(opt_segments_, m2_, o_.zero1);
     }
@@ -935,7 +987,8 @@ class trainer {
                                                                 " of the token stream"},
                         {"data_sequence", std::to_string(position(step).sequence)},
                         {"layout", "tp " + std::to_string(place_.tp) + " pp " + std::to_string(place_.pp) + " dp " +
-                                       std::to_string(r_.degrees().dp) + " cp " + std::to_string(r_.degrees().cp)}};
+                                       std::to_string(r_.degrees().dp) + " cp " + std::to_string(r_.degrees().cp) +
+                                       " ep " + std::to_string(r_.degrees().ep)}};
       for (auto& r : whole_records(index_, m1, "exp_avg.")) state.tensors.push_back(std::move(r));
       for (auto& r : whole_records(index_, m2, "exp_avg_sq.")) state.tensors.push_back(std::move(r));
       // One submission, so this thread waits for no disk write (only for a previous save still
@@ -955,15 +1008,19 @@ class trainer {
     std::vector<float> grads;
     if (fsdp_) {
       grads = gather(packed_segments_, fsdp_->packed(fully_sharded<B>::state::grads), false);
-    } else if (o_.zero1) {
-      std::vector<state_segment> segs;
-      for (const weft::grad::shard_segment& s : sync_->shard_segments())
-        segs.push_back({s.param, s.param_offset, s.count,
-                        static_cast<std::size_t>(sync_->grad(s.param).data() - sync_->grads().all().data()) +
-                            s.param_offset});
-      grads = gather(segs, sync_->grads().all(), true);
     } else {
-      grads = gather(buffer_segments(sync_->grads()), sync_->grads().all(), false);
+      const std::vector<float> packed = packed_copy([&](std::size_t i) { return grad_view(i); });
+      if (!o_.zero1) {
+        grads = gather(packed_segments_, packed, false);
+      } else {  // the reduced gradients are each rank's ZeRO-1 shards
+        std::vector<state_segment> segs;
+        for (const reduced_part& part : parts_)
+          for (const weft::grad::shard_segment& s : part.sync->shard_segments()) {
+            const std::size_t i = part.members[s.param];
+            segs.push_back({i, s.param_offset, s.count, packed_segments_[i].state_offset + s.param_offset});
+          }
+        grads = gather(segs, packed, true);
+      }
     }
     if (world_.rank() != 0) return;
     // The whole global batch, as every rank's sampler gives it.
@@ -1008,17 +1065,25 @@ class trainer {
   model_place place_;
   std::vector<param_spec> specs_;
   gpt_model<B> model_;
-  std::unique_ptr<weft::grad::synchronizer<B, float>> sync_;  // none and ZeRO-1
+  /// The parameters one synchronizer reduces (none and ZeRO-1), with their flat buffer: the
+  /// dense ones over dp x cp and, with ep > 1, the experts over expert-dp.
+  struct reduced_part {
+    std::unique_ptr<weft::grad::synchronizer<B, float>> sync;
+    std::unique_ptr<weft::grad::flat_buffer<float>> params;
+    std::vector<std::size_t> members;  // the rank_parameters index of each registered parameter
+  };
+  std::vector<reduced_part> parts_;
+  std::vector<std::pair<std::size_t, std::size_t>> part_of_;  // parameter -> (part, index in it)
   std::unique_ptr<fully_sharded<B>> fsdp_;                    // ZeRO-2, ZeRO-3, HSDP
-  std::vector<state_segment> packed_segments_;                // with fsdp_: the packed local parts
+  std::vector<state_segment> packed_segments_;                // the packed local parts (packed_copy)
   timeline trace_;
   whole_index index_;
-  std::unique_ptr<weft::grad::flat_buffer<float>> params_;
   std::vector<bool> skip_;
   std::vector<state_segment> opt_segments_;
   std::size_t opt_size_ = 0;
   std::vector<float> m1_, m2_;
   ownership own_;
+  std::size_t local_parameters_ = 0;  // elements of this rank's parameters (its tp, pp and ep part)
   std::vector<std::vector<std::size_t>> chunk_params_;
   std::int64_t step_ = 0;
   std::int64_t data_sequence_ = 0;  // sequences of the token stream taken before step_

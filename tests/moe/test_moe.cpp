@@ -12,7 +12,7 @@
 
 #include "moe_test_support.hpp"
 #if WEFT_TEST_CBLAS
-#include "blas_gemm.hpp"
+#include "blas_gemm.hpp"  // examples/common: train_gpt's adapter
 #endif
 
 #include <chrono>
@@ -451,7 +451,7 @@ TEST_CASE("the layer on a CBLAS gemm_kernel equals the reference loops", "[moe][
   const model m(C, F, E, K, 37);
   const auto h = values(S * L * C, 90 + static_cast<unsigned>(world.rank())), dy = values(S * L * C, 91);
   layer_run loops = run_layer(world, m, h, S, dy, {});
-  layer_run blas = run_layer<blas_gemm>(world, m, h, S, dy, {});
+  layer_run blas = run_layer<weft_programs::blas_gemm>(world, m, h, S, dy, {});
   CHECK(close(blas.y, loops.y, 1e-5));
   CHECK(close(blas.dh, loops.dh, 1e-5));
   CHECK(close(blas.grads.router, loops.grads.router, 1e-5));

@@ -119,6 +119,10 @@ def main():
              "--moe-top-k 3 is more than the 2 experts"),
             ("an ep that does not divide the expert data-parallel ranks", 2, ["--moe-experts", "6", "--ep", "3"],
              "expert-tp=1 x ep=3 x pp=1 = 3 does not divide the world size 2"),
+            ("full sharding of experts held by their ep ranks", 2,
+             ["--moe-experts", "2", "--ep", "2", "--sharding", "zero3"],
+             "with --ep 2 each rank holds only its E / ep experts, reduced over the expert data-parallel ranks: "
+             "use --sharding zero1"),
             ("a --save-dir that cannot be made", 2, ["--save-dir", os.path.join(good, "ckpt")],
              f"'{os.path.join(good, 'ckpt')}' is not a folder checkpoints can be written to (ranks 0, 1 cannot make"),
             ("a --save in a folder that cannot be made", 2, ["--save", os.path.join(good, "gpt.safetensors")],

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """train_gpt's distributed checkpoints (--save-dir, --resume DIR): saved in one layout, resumed in others.
 
-  distributed_checkpoint_check.py matrix|zero3 TRAIN_GPT WEFT_CKPT LAUNCH...
+  distributed_checkpoint_check.py matrix|zero3|moe TRAIN_GPT WEFT_CKPT LAUNCH...
 
 Each case trains 6 steps uninterrupted while saving at steps 3 and 6, then resumes step 3 in other
 layouts: steps 4-6 must print the uninterrupted run's losses, to the last digit in the same layout
@@ -15,6 +15,14 @@ matrix (4 ranks): saved as dp2 x tp2 + ZeRO-1, vocabulary 250 (padded over tp), 
 zero3 (2 ranks): saved as dp2 + ZeRO-3, resumed as the same and as tp2; then bad checkpoints: a
   corrupted piece (train_gpt and weft-ckpt verify name its file and tensor), a missing rank file,
   another model's directory: exit status 1 and one message, printed once.
+moe (4 ranks): a mixture of experts (2 MoE blocks of 4 experts, top 2) saved at step 3 of 7 as
+  dp4 x ep2 + ZeRO-1 (each rank holds 2 experts, their moments sharded over the expert
+  data-parallel pair), resumed on 1 rank and as ep4 to step 6; the 1-rank run's --save file of
+  step 6 resumed as ep2 for step 7. The
+  directory holds each expert once, written by the ep rank that owns it, and --save's file of the
+  same step every expert (gathered from their ep ranks), equal to the directory's export. Each
+  run's max_rank_parameters (--log-json) is the count computed here: the dense part and E / ep
+  experts per MoE block.
 """
 import json
 import os
@@ -49,10 +57,10 @@ def losses(path):
         return {json.loads(line)["step"]: line.split('"loss": ')[1].split(",")[0] for line in f if line.strip()}
 
 
-def compare_curve(what, whole, resumed, exact):
-    if sorted(resumed) != [4, 5, 6]:
-        return fail(f"{what}: the resumed run logged steps {sorted(resumed)}, expected 4, 5, 6")
-    for step in (4, 5, 6):
+def compare_curve(what, whole, resumed, exact, steps=(4, 5, 6)):
+    if sorted(resumed) != list(steps):
+        return fail(f"{what}: the resumed run logged steps {sorted(resumed)}, expected {list(steps)}")
+    for step in steps:
         a, b = whole[step], resumed[step]
         rel = abs(float(a) - float(b)) / abs(float(a))
         print(f"{what}: step {step}: uninterrupted {a}  resumed {b}  ({rel:.1e})")
@@ -124,7 +132,7 @@ def matrix(train_gpt, weft_ckpt, launch, tmp):
     if not out.startswith("ok: ckpt/6: 84 tensors"):
         fail(f"weft-ckpt verify: {out}")
     out = run([weft_ckpt, "inspect", "ckpt/3"], tmp).stdout
-    for fragment in ["step: 3", "layout: cp=1 dp=2 global_batch=4 hsdp=0 micro_batch=1 pp=1 sequence_parallel=0 tp=2 "
+    for fragment in ["step: 3", "layout: cp=1 dp=2 ep=1 global_batch=4 hsdp=0 micro_batch=1 pp=1 sequence_parallel=0 tp=2 "
                      "vp=1 world_size=4 zero_stage=1", "data position: seed=5 sequence=12",
                      "model: train_gpt GPT-2: 2 layers, hidden 64, 4 heads, vocabulary 250, 64 positions",
                      "wte.weight                               F32  [250, 64]          2 pieces",
@@ -194,10 +202,78 @@ def zero3(train_gpt, weft_ckpt, launch, tmp):
             ["checkpoint 'ckpt/6'", "tensor 'wte.weight' is F32 [250, 64] but this model needs F32 [250, 32]"])
 
 
+def moe(train_gpt, weft_ckpt, launch, tmp):
+    experts, hidden, vocab, positions, layers = 4, 64, 250, 64, 2
+
+    def train(ranks, layout, *flags):
+        return launch + ["-n", str(ranks), train_gpt] + MODEL + ["--moe-experts", str(experts), "--moe-top-k", "2"] + \
+            layout + list(flags)
+
+    def expected_parameters(ep):  # every block is an MoE block (--moe-every 1); tp 1, pp 1
+        c = hidden
+        expert = c * 4 * c + 4 * c + 4 * c * c + c
+        block = 2 * c + (c * 3 * c + 3 * c) + (c * c + c) + 2 * c + experts * c + experts // ep * expert
+        held_vocab = -(-vocab // 128) * 128  # wte's rows as held: Megatron's padding to a multiple of 128 (tp 1)
+        return held_vocab * c + positions * c + layers * block + 2 * c
+
+    def check_parameters(what, log, ep):
+        with open(os.path.join(tmp, log)) as f:
+            counts = {json.loads(line)["max_rank_parameters"] for line in f if line.strip()}
+        print(f"{what}: max_rank_parameters {sorted(counts)}, expected {expected_parameters(ep)}")
+        if counts != {expected_parameters(ep)}:
+            fail(f"{what}: max_rank_parameters {sorted(counts)}, expected {expected_parameters(ep)} "
+                 f"(the dense part and {experts // ep} experts per MoE block)")
+
+    saved = ["--ep", "2", "--zero1"]
+    run(train(4, saved, "--steps", "7", "--save-every", "3", "--save-dir", "ckpt", "--save", "model.safetensors",
+              "--log-json", "whole.json"), tmp)
+    whole = losses(os.path.join(tmp, "whole.json"))
+    check_parameters("dp4 x ep2 + ZeRO-1", "whole.json", 2)
+    for ranks, layout, ep, what in [(1, ["--save", "one.safetensors"], 1, "1 rank"), (4, ["--ep", "4"], 4, "ep4")]:
+        log = what.replace(" ", "_") + ".json"
+        out = run(train(ranks, layout, "--steps", "6", "--resume", "ckpt/3", "--log-json", log), tmp).stdout
+        if "resumed from ckpt/3 at step 3" not in out:
+            fail(f"{what} did not say it resumed ckpt/3: {out[-500:]}")
+        compare_curve(f"dp4 x ep2 + ZeRO-1 -> {what}", whole, losses(os.path.join(tmp, log)), exact=False)
+        check_parameters(what, log, ep)
+    # The one rank's whole file (every expert), resumed by the two ep ranks that split them.
+    run(train(2, ["--ep", "2"], "--steps", "7", "--resume", "one.safetensors", "--log-json", "from_one.json"), tmp)
+    compare_curve("1 rank (--save) -> ep2", whole, losses(os.path.join(tmp, "from_one.json")), exact=False, steps=(7,))
+
+    # Each expert once in the directory, from its ep rank (ep coordinate = world rank % 2 here:
+    # the expert grid is expert-tp x ep x expert-dp, tp first).
+    with open(os.path.join(tmp, "ckpt", "7", "index.json")) as f:
+        tensors = json.load(f)["tensors"]
+    for e in range(experts):
+        for prefix in ("", "exp_avg.", "exp_avg_sq."):
+            name = f"{prefix}h.1.mlp.experts.{e}.c_fc.weight"
+            files = sorted({p["file"] for p in tensors[name]["pieces"]})
+            owners = [f"rank-{r:05d}.safetensors" for r in range(4) if r % 2 == e // (experts // 2)]
+            if len(files) < 1 or any(f not in owners for f in files):
+                fail(f"{name} is written by {files}, expected by its ep rank's ranks {owners}")
+            covered = sum(1 for p in tensors[name]["pieces"])
+            if prefix == "" and covered != 1:
+                fail(f"{name} has {covered} pieces in the directory, expected one copy")
+    run([weft_ckpt, "export", "ckpt", "exported.safetensors"], tmp)
+    _, exported = safetensors(os.path.join(tmp, "exported.safetensors"))
+    _, saved_file = safetensors(os.path.join(tmp, "model.safetensors"))
+    names = [f"h.{i}.mlp.experts.{e}.{w}" for i in range(layers) for e in range(experts)
+             for w in ("c_fc.weight", "c_fc.bias", "c_proj.weight", "c_proj.bias")]
+    missing = [n for n in names if n not in saved_file]
+    if missing:
+        fail(f"--save's file (gathered from the ep ranks) lacks {missing}")
+    if sorted(exported) != sorted(saved_file):
+        fail(f"the export holds {sorted(exported)}, --save's file {sorted(saved_file)}")
+    for name, value in saved_file.items():
+        if exported.get(name) != value:
+            fail(f"tensor {name}: the export of ckpt/6 differs from --save's file of the same step")
+    print(f"moe: --save's file holds all {len(names)} expert tensors, equal to the directory's export")
+
+
 def main():
     case, train_gpt, weft_ckpt, launch = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
     with tempfile.TemporaryDirectory() as tmp:  # also the runs' working directory
-        {"matrix": matrix, "zero3": zero3}[case](train_gpt, weft_ckpt, launch, tmp)
+        {"matrix": matrix, "zero3": zero3, "moe": moe}[case](train_gpt, weft_ckpt, launch, tmp)
     if failures:
         print(f"distributed_checkpoint_check {case}: FAILED:\n" + "\n".join(failures))
         return 1

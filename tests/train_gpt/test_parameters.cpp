@@ -344,3 +344,25 @@ TEST_CASE("an MoE model's blocks i % moe_every == 0 hold a router and E experts,
   CHECK(read.moe_every == 2);
   CHECK(config_metadata(shape()).count("num_local_experts") == 0);  // dense files keep GPT-2's names only
 }
+
+TEST_CASE("an ep rank holds its E / ep experts of every MoE block alone; the router and the rest on every ep rank") {
+  gpt_config m = shape();  // 4 layers, hidden 64
+  m.moe_experts = 4, m.moe_top_k = 2, m.moe_every = 2;
+  const std::int64_t expert = 64 * 256 + 256 + 256 * 64 + 64;  // c_fc and c_proj, weights and biases
+  for (int ep : {1, 2, 4}) {
+    std::map<std::string, int> holders;
+    for (int r = 0; r < ep; ++r) {
+      std::int64_t held = 0;
+      for (const param_spec& p : rank_parameters(m, {.ep_rank = r, .ep = ep})) {
+        ++holders[p.name];
+        held += static_cast<std::int64_t>(p.local_elements);
+        // Rank r's experts are weft::moe's: r * E / ep .. (r + 1) * E / ep - 1.
+        if (p.expert >= 0) CHECK(p.expert / (4 / ep) == r);
+      }
+      // The dense part, then 2 MoE blocks of E / ep experts each.
+      CHECK(held == m.parameter_count() - 2 * 4 * expert + 2 * (4 / ep) * expert);
+    }
+    for (const param_spec& p : whole_parameters(m))
+      CHECK(holders.at(p.name) == (p.expert >= 0 ? 1 : ep));
+  }
+}
