@@ -270,12 +270,15 @@ TEST_CASE("the probe finds a bandwidth drop within its budget, on synthetic curv
   const weft::grad::probe_options o;  // 0.2 s, 256 KiB up to 128 MiB, 8 MiB runs
   const std::size_t gpt2 = 124439808 * sizeof(float);
   SECTION("4 ranks' speed, slower past 32 MiB: 32 MiB, where doubling from 256 KiB stopped at 2 MiB") {
+    // (doubling upwards spends the budget on the small sizes: it never reaches 32 MiB in time)
     auto curve = [](std::size_t b) { return b < probe_mib ? 0.6e9 : b <= 32 * probe_mib ? 0.72e9 : 0.55e9; };
     const auto run = simulate_probe(gpt2, o, curve);
     REQUIRE(run.choice.bucket_bytes == 32 * probe_mib);
-    REQUIRE_FALSE(run.choice.budget_ended_below_knee);
+    // 64 MiB twice does not fit in what is left of 0.2 s at this speed: the drop is not timed,
+    // and the choice says so.
+    REQUIRE(run.choice.budget_ended_below_knee);
     REQUIRE(run.choice.seconds_spent <= o.budget_s);
-    // The first size is the first one call times; the drop is bracketed before smaller sizes.
+    // The first size is the first one call times, then four times larger.
     REQUIRE(run.order.front() == 8 * probe_mib);
     REQUIRE(run.order.at(1) == 32 * probe_mib);
     // Every size at most the gradients' own (128 MiB here, the probe's limit).
