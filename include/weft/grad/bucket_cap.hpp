@@ -88,9 +88,11 @@ inline bucket_size_choice choose_bucket_bytes(std::span<const curve_point> curve
 ///
 /// A size smaller than `run_bytes` is timed as `probe.repeats` runs of calls on consecutive slices
 /// covering `run_bytes` in all (one call per run at least), keeping the fastest run; a larger size is
-/// timed twice, one call each, keeping the faster (on 4 ranks sharing 2 cores, a single call of
-/// 8 MiB was once timed 3 x slower than the same size in the step, and the search took every
-/// later prediction from it). No step is started whose predicted time (its bytes at the lowest bandwidth measured so
+/// `probe.repeats` single calls, keeping the fastest. The first two calls of a new size pay for
+/// the MPI library's scratch buffer of that size, fresh memory (Open MPI 4.1 here: 1025 and 512
+/// page faults for 8 MiB, the third call none and up to 2 x faster), which a step whose buckets
+/// repeat their sizes pays once; and one call on 4 ranks sharing 2 cores was once timed 3 x
+/// slower than the same size in the step, with every later prediction taken from it. No step is started whose predicted time (its bytes at the lowest bandwidth measured so
 /// far, with a 25 % margin) would take the probe past `probe.budget_s`, except the first, which
 /// always runs. Every rank must record the same times (the slowest rank's), so every rank takes
 /// the same steps and holds the same curve.
@@ -167,7 +169,7 @@ class probe_search {
 
   step step_of(std::size_t i) const {
     const std::size_t bytes = sizes_[i];
-    if (bytes >= probe_.run_bytes) return {bytes, 1, 2};
+    if (bytes >= probe_.run_bytes) return {bytes, 1, probe_.repeats};
     const std::size_t runs = static_cast<std::size_t>(probe_.repeats);
     return {bytes, std::max<std::size_t>(1, probe_.run_bytes / runs / bytes), probe_.repeats};
   }

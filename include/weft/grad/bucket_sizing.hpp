@@ -14,8 +14,9 @@
 ///     weft/grad/bucket_cap.hpp: the first size one call times, the largest affordable, then
 ///     bisection of the drop, then the rest of the curve). Small sizes are timed as runs of calls on
 ///     consecutive slices of fresh memory, as a step's buckets are, each rank keeping its fastest
-///     of a few runs (load from other processes only ever slows a call down); a large size is two
-///     single calls, the faster kept. The ranks' times are gathered and each size takes the slowest rank's, so every rank
+///     of a few runs (load from other processes only ever slows a call down); a large size is three
+///     single calls, the fastest kept (the first two pay for the MPI library's scratch buffer of a
+///     new size). The ranks' times are gathered and each size takes the slowest rank's, so every rank
 ///     holds the same curve, takes the same next size and plans the same buckets;
 ///   * `choose_bucket_bytes` takes the largest measured size whose bandwidth is within a
 ///     tolerance (5 %) of the best one: as fast per byte as the best size, with the fewest calls.
