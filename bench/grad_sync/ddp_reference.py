@@ -1,10 +1,11 @@
 #!/usr/bin/python3
 """PyTorch DDP reducing GPT-2 small's 148 gradients in one backward, for comparison with
 weft_bench_grad_sync: gloo backend, DDP's default 25 MB buckets, the same parameter set
-(124,439,808 float32 values). Runs its own ranks on this machine over loopback.
+(124,439,808 float32 values; --model mlp: the bench's model of few large tensors, 16 layers of a
+2048-wide MLP, 67,141,632 values). Runs its own ranks on this machine over loopback.
 
     GLOO_SOCKET_IFNAME=lo /usr/bin/python3 ddp_reference.py [--ranks 2] [--iterations 10] [--json FILE]
-                                                            [--timeout SECONDS]
+                                                            [--timeout SECONDS] [--model gpt2|mlp]
 
 Times one backward with DDP's gradient reduction ("ddp_s") and, alternating with it, the same
 backward under no_sync() ("ddp_backward_only_s": what the backward costs without communication).
@@ -48,7 +49,17 @@ def gpt2_small_shapes():
     return shapes
 
 
-def measure(rank, ranks, store_path, phase, iterations, warmup, result_path):
+def wide_mlp_shapes(layers=16, width=2048):
+    shapes = []
+    for layer in range(layers):
+        shapes += [(f"fc.{layer}.weight", (width, width)), (f"fc.{layer}.bias", (width,))]
+    return shapes
+
+
+MODELS = {"gpt2": (gpt2_small_shapes, 124_439_808), "mlp": (wide_mlp_shapes, 67_141_632)}
+
+
+def measure(rank, ranks, store_path, phase, iterations, warmup, result_path, model_name="gpt2"):
     phase("importing torch")
     import torch
     import torch.distributed as dist
@@ -61,12 +72,13 @@ def measure(rank, ranks, store_path, phase, iterations, warmup, result_path):
     phase("building the model and DDP")
 
     class Gpt2Parameters(torch.nn.Module):
-        """GPT-2 small's parameters, registered in forward order; the loss touches each once."""
+        """The model's parameters (GPT-2 small's by default), registered in forward order; the loss
+        touches each once."""
 
         def __init__(self):
             super().__init__()
             self.names = []
-            for name, dims in gpt2_small_shapes():
+            for name, dims in MODELS[model_name][0]():
                 attr = name.replace(".", "_")
                 self.register_parameter(attr, torch.nn.Parameter(torch.zeros(dims)))
                 self.names.append(attr)
@@ -80,7 +92,7 @@ def measure(rank, ranks, store_path, phase, iterations, warmup, result_path):
 
     model = Gpt2Parameters()
     count = sum(p.numel() for p in model.parameters())
-    assert count == 124_439_808, count
+    assert count == MODELS[model_name][1], count
     ddp = DistributedDataParallel(model)  # defaults: bucket_cap_mb=25, first bucket 1 MB
     scale = torch.ones(())
     with_sync, without_sync = [], []
@@ -135,6 +147,7 @@ def main():
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--json", default="ddp_result.json")
+    parser.add_argument("--model", choices=sorted(MODELS), default="gpt2")
     parser.add_argument("--timeout", type=float, default=None,
                         help="deadline for the whole run in seconds [120 + 10 per iteration]")
     args = parser.parse_args()
@@ -148,7 +161,7 @@ def main():
         return 2
     with contextlib.suppress(FileNotFoundError):
         os.remove(args.json)  # a failed run must not leave an earlier run's result behind
-    failure = run_ranks(measure, args.ranks, args.timeout, PHASES, (args.iterations, args.warmup, args.json))
+    failure = run_ranks(measure, args.ranks, args.timeout, PHASES, (args.iterations, args.warmup, args.json, args.model))
     if failure is None and not os.path.exists(args.json):
         failure = "every rank finished but rank 0 wrote no result"
     if failure is not None:

@@ -1,6 +1,6 @@
 #pragma once
-// GPT-2 small's 148 parameters in forward (registration) order, with Hugging Face's names:
-// 124,439,808 elements in all (497.8 MB of float32).
+// The gradient benchmarks' model shapes. GPT-2 small's 148 parameters in forward (registration)
+// order, with Hugging Face's names: 124,439,808 elements in all (497.8 MB of float32).
 #include <cstddef>
 #include <string>
 #include <vector>
@@ -43,6 +43,19 @@ inline std::vector<named_shape> gpt2_small_shapes(int layers = 12, bool blocks_o
   if (!blocks_only) {
     out.push_back({"ln_f.weight", {d}});
     out.push_back({"ln_f.bias", {d}});
+  }
+  return out;
+}
+
+// A model of few large tensors, beside GPT-2 small's many small ones: `layers` linear layers of a
+// `width`-wide MLP, each a [width, width] weight and a [width] bias, in forward order. At the
+// default 16 x 2048 it is 32 tensors, 67,141,632 elements (268.6 MB of float32), every weight 16 MiB.
+inline std::vector<named_shape> wide_mlp_shapes(int layers = 16, std::size_t width = 2048) {
+  std::vector<named_shape> out;
+  for (int l = 0; l < layers; ++l) {
+    std::string h = "fc." + std::to_string(l) + ".";
+    out.push_back({h + "weight", {width, width}});
+    out.push_back({h + "bias", {width}});
   }
   return out;
 }

@@ -2,7 +2,8 @@
 # The gradient-reduction comparison in one invocation: weft, raw MPI and (when Debian's
 # /usr/bin/python3 has torch) PyTorch DDP, in alternating rounds within one run.
 #
-#   bench/grad_sync/run.sh BUILD_DIR [--ranks 2] [--iterations 12] [--rounds 3] [--json FILE] [bench options]
+#   bench/grad_sync/run.sh BUILD_DIR [--ranks 2] [--iterations 12] [--rounds 3] [--json FILE] [--model gpt2|mlp]
+#                          [bench options]
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:?usage: run.sh BUILD_DIR [--ranks N] [bench options]}
@@ -19,9 +20,10 @@ bench="$build/bench/grad_sync/weft_bench_grad_sync"
 [ -x "$bench" ] || { echo "run.sh: $bench is not built (cmake --build $build --target weft_bench_grad_sync)" >&2; exit 2; }
 
 iterations=12
+model=gpt2
 set -- $args
 while [ $# -gt 0 ]; do
-  case "$1" in --iterations) iterations=$2; shift 2 ;; *) shift ;; esac
+  case "$1" in --iterations) iterations=$2; shift 2 ;; --model) model=$2; shift 2 ;; *) shift ;; esac
 done
 
 # PyTorch DDP runs first, on its own (not from inside an MPI rank), right before weft and raw MPI,
@@ -36,7 +38,7 @@ if /usr/bin/python3 -c "import torch" 2>/dev/null; then
   # The outer timeout only backs up the script's own deadline.
   status=0
   env GLOO_SOCKET_IFNAME=lo timeout -k 10 $((ddp_timeout + 30)) /usr/bin/python3 "$here/ddp_reference.py" \
-    --ranks "$ranks" --iterations "$iterations" --warmup 1 --timeout "$ddp_timeout" --json "$result" \
+    --ranks "$ranks" --model "$model" --iterations "$iterations" --warmup 1 --timeout "$ddp_timeout" --json "$result" \
     2>"$errors" || status=$?
   cat "$errors" >&2
   if [ "$status" -ne 0 ]; then

@@ -9,6 +9,7 @@
 // unsharded path. Needs pp = 1 (the units of one micro-batch run forward in order, then backward
 // in reverse) and a schedule that ends each micro-batch's backward before the next forward.
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -24,6 +25,8 @@
 #include <weft/comm/communicator.hpp>
 #include <weft/fsdp/hybrid_groups.hpp>
 #include <weft/fsdp/sharded_model.hpp>
+#include <weft/fsdp/unit_grouping.hpp>
+#include <weft/fsdp/unit_sizing.hpp>
 #include <weft/fsdp/whole_tensor.hpp>
 #include <weft/layout/layout.hpp>
 #include <weft/layout/node_placement.hpp>
@@ -76,6 +79,9 @@ class fully_sharded {
     int micro_batches = 1;
     /// tp's sequence parallelism: the replicated parameters' gradients are partial sums over tp.
     bool sequence_parallel = false;
+    /// ZeRO-3 and HSDP: the most bytes of blocks one unit gathers; by default measured on the
+    /// shard group (weft::fsdp::choose_unit_bytes). ZeRO-2 keeps one unit per block.
+    std::size_t unit_bytes = weft::grad::measured_bucket_bytes;
   };
 
   /// `specs`: the rank's parameters (rank_parameters, pp = 1).
@@ -92,20 +98,49 @@ class fully_sharded {
     } else {
       model_ = std::make_unique<sharded>(dp_cp, options);
     }
-    // Root first: everything outside the blocks; then block by block.
+    // Root first: everything outside the blocks; then the blocks, one unit each or, under ZeRO-3
+    // and HSDP, consecutive blocks in one unit up to the cap the shard group's all-gather and
+    // reduce-scatter measure (a unit's collectives cost per call, and past some size the library
+    // turns slower: weft/fsdp/unit_grouping.hpp).
     int layers = 0;
     for (const param_spec& p : specs_) layers = std::max(layers, p.layer + 1);
-    units_.resize(static_cast<std::size_t>(layers) + 1);
-    for (std::size_t i = 0; i < specs_.size(); ++i) units_[unit_of(specs_[i].layer)].push_back(i);
+    std::vector<std::size_t> root;
+    std::vector<std::vector<std::size_t>> block_specs(static_cast<std::size_t>(layers));
+    for (std::size_t i = 0; i < specs_.size(); ++i)
+      (specs_[i].layer < 0 ? root : block_specs[static_cast<std::size_t>(specs_[i].layer)]).push_back(i);
+    std::vector<weft::fsdp::unit_spec> blocks;
+    for (std::size_t l = 0; l < block_specs.size(); ++l) {
+      blocks.push_back({"h." + std::to_string(l), {}});
+      for (std::size_t i : block_specs[l]) blocks.back().params.push_back({specs_[i].name, specs_[i].local_elements});
+    }
+    std::size_t unit_cap = 1;  // smaller than any block: one unit per block
+    if (s.level == weft::tune::sharding::full && !blocks.empty()) {
+      unit_cap = weft::fsdp::choose_unit_bytes<float>(s.hybrid ? groups_->shard : dp_cp,
+                                                      std::span<const weft::fsdp::unit_spec>(blocks), s.unit_bytes)
+                     .bucket_bytes;
+      // Every rank must group alike: tp peers open and close their scopes together (sequence
+      // parallelism sums over tp inside them), and HSDP's replicas reduce unit by unit. Each
+      // group measured its own cap, so all take the smallest: over dp x cp, then over tp (with
+      // pp = 1 the two span every rank).
+      unit_cap = smallest_on_all_ranks(tp, smallest_on_all_ranks(dp_cp, unit_cap));
+    }
     place_.resize(specs_.size());
-    for (std::size_t u = 0; u < units_.size(); ++u) {
-      std::vector<weft::grad::param_spec> params;
-      for (std::size_t j = 0; j < units_[u].size(); ++j) {
-        const std::size_t i = units_[u][j];
-        params.push_back({specs_[i].name, specs_[i].local_elements});
-        place_[i] = {u, j};
+    units_.push_back(root);
+    model_->add_unit("root", params_of(root));
+    for (std::size_t j = 0; j < root.size(); ++j) place_[root[j]] = {0, j};
+    if (!blocks.empty()) {
+      const weft::fsdp::layer_grouping grouping =
+          weft::fsdp::group_layers(std::span<const weft::fsdp::unit_spec>(blocks), weft::dtype::float32, unit_cap);
+      for (const weft::fsdp::unit_spec& unit : grouping.units) model_->add_unit(unit);
+      units_.resize(1 + grouping.units.size());
+      for (std::size_t l = 0; l < block_specs.size(); ++l) {
+        const std::size_t u = 1 + grouping.layers[l].unit;
+        for (std::size_t k = 0; k < block_specs[l].size(); ++k) {
+          place_[block_specs[l][k]] = {u, grouping.layers[l].first_param + k};
+          units_[u].push_back(block_specs[l][k]);
+        }
+        layer_unit_.push_back(u);
       }
-      model_->add_unit(u == 0 ? "root" : "h." + std::to_string(u - 1), std::move(params));
     }
     model_->freeze();
     for (std::size_t u = 0; u < units_.size(); ++u) {
@@ -214,7 +249,26 @@ class fully_sharded {
  private:
   using scope_event = typename gpt_model<B>::scope_event;
 
-  std::size_t unit_of(int layer) const noexcept { return layer < 0 ? 0 : static_cast<std::size_t>(layer) + 1; }
+  std::size_t unit_of(int layer) const noexcept { return layer < 0 ? 0 : layer_unit_[static_cast<std::size_t>(layer)]; }
+  /// Whether block `layer` is the first (forward order) or the last of its unit's blocks.
+  bool first_of_unit(int layer) const noexcept { return layer == 0 || unit_of(layer - 1) != unit_of(layer); }
+  bool last_of_unit(int layer) const noexcept {
+    return static_cast<std::size_t>(layer) + 1 == layer_unit_.size() || unit_of(layer + 1) != unit_of(layer);
+  }
+
+  /// The smallest of every rank's `value` in `group` (collective).
+  static std::size_t smallest_on_all_ranks(comm& group, std::size_t value) {
+    const std::int64_t mine = static_cast<std::int64_t>(value);
+    std::vector<std::int64_t> all(static_cast<std::size_t>(group.size()));
+    group.host_all_gather(std::span<const std::int64_t>(&mine, 1), all);
+    return static_cast<std::size_t>(*std::min_element(all.begin(), all.end()));
+  }
+
+  std::vector<weft::grad::param_spec> params_of(const std::vector<std::size_t>& spec_indices) const {
+    std::vector<weft::grad::param_spec> out;
+    for (std::size_t i : spec_indices) out.push_back({specs_[i].name, specs_[i].local_elements});
+    return out;
+  }
 
   std::span<const float> shard_of(state which, std::size_t u) const {
     switch (which) {
@@ -235,8 +289,9 @@ class fully_sharded {
     throw std::logic_error("train_gpt: gradient shards are not loaded");
   }
 
-  /// The model's parameter groups as units: a block's group is its unit; the root's scope opens
-  /// with the embeddings (forward) or the head (backward) and closes with the other end.
+  /// The model's parameter groups as units: a unit of blocks opens with its first block in
+  /// forward (its last in backward) and closes with its last (first); the root's scope opens with
+  /// the embeddings (forward) or the head (backward) and closes with the other end.
   void on_scope(int group, scope_event e) {
     const bool root_group = group < 0;
     const bool embedding = group == gpt_model<B>::embedding_group;
@@ -245,20 +300,24 @@ class fully_sharded {
     switch (e) {
       case scope_event::enter_forward:
         if (root_group && !embedding) return;  // the head: the root has been open since the embeddings
+        if (!root_group && !first_of_unit(group)) return;
         model_->begin_forward(u);
         bind(u, false);
         break;
       case scope_event::leave_forward:
         if (embedding) return;
+        if (!root_group && !last_of_unit(group)) return;
         model_->end_forward(u);
         break;
       case scope_event::enter_backward:
         if (embedding) return;  // the root has been open since the head
+        if (!root_group && !last_of_unit(group)) return;
         model_->begin_backward(u);
         bind(u, true);
         break;
       case scope_event::leave_backward:
         if (root_group && !embedding) return;
+        if (!root_group && !first_of_unit(group)) return;
         sum_split_gradients(u);
         model_->end_backward(u);
         if (u == 0) ready_ = model_->finish();  // the root closes the micro-batch
@@ -289,6 +348,7 @@ class fully_sharded {
   std::optional<weft::fsdp::hybrid_groups<B>> groups_;
   std::unique_ptr<sharded> model_;
   std::vector<std::vector<std::size_t>> units_;  // spec indices of each unit
+  std::vector<std::size_t> layer_unit_;          // block -> its unit
   std::vector<std::pair<std::size_t, std::size_t>> place_;  // spec index -> (unit, index in the unit)
   std::vector<std::vector<float>> m1_, m2_;      // AdamW moments, laid out like the shards
   std::vector<std::size_t> packed_;

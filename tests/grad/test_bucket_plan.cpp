@@ -2,6 +2,7 @@
 // plans worked out by hand.
 #include <catch2/catch.hpp>
 
+#include <weft/grad/bucket_cap.hpp>
 #include <weft/grad/bucket_plan.hpp>
 #include <weft/grad/reduction_schedule.hpp>
 
@@ -237,4 +238,102 @@ TEST_CASE("a window's scale factor and the ZeRO-1 shards", "[grad][plan]") {
   }
   // The two ranks' segments cover every parameter element once (padding excluded).
   REQUIRE(covered == 100 + 300 + 50 + 1000 + 10);
+}
+
+namespace {
+
+/// The probe's search run on a synthetic curve: a call of b bytes takes b / bandwidth(b) seconds,
+/// and the first step pays one more call (the probe's untimed first call).
+struct simulated_probe {
+  weft::grad::bucket_size_choice choice;
+  std::vector<std::size_t> order;  // the sizes in the order they were timed
+};
+template <class Bandwidth>
+simulated_probe simulate_probe(std::size_t gradient_bytes, const weft::grad::probe_options& o, Bandwidth bandwidth) {
+  weft::grad::probe_search search(gradient_bytes, o);
+  simulated_probe out;
+  while (const auto step = search.next()) {
+    const double per_call = static_cast<double>(step->bytes) / bandwidth(step->bytes);
+    const double calls = static_cast<double>(step->calls * static_cast<std::size_t>(step->runs)) + (out.order.empty() ? 1 : 0);
+    search.record(*step, per_call, per_call * calls);
+    out.order.push_back(step->bytes);
+  }
+  if (!out.order.empty()) out.choice = search.choice();
+  return out;
+}
+
+constexpr std::size_t probe_mib = std::size_t{1} << 20;
+
+}  // namespace
+
+TEST_CASE("the probe finds a bandwidth drop within its budget, on synthetic curves", "[grad][plan][probe]") {
+  const weft::grad::probe_options o;  // 0.2 s, 256 KiB up to 128 MiB, 8 MiB runs
+  const std::size_t gpt2 = 124439808 * sizeof(float);
+  SECTION("4 ranks' speed, slower past 32 MiB: 16 MiB, where doubling from 256 KiB stopped at 2 MiB") {
+    // (the probe that doubled upwards, 32 MiB of calls a size, spent the budget on 256 KiB - 2 MiB)
+    auto curve = [](std::size_t b) { return b < probe_mib ? 0.6e9 : b <= 32 * probe_mib ? 0.72e9 : 0.55e9; };
+    const auto run = simulate_probe(gpt2, o, curve);
+    REQUIRE(run.choice.bucket_bytes == 16 * probe_mib);
+    // 32 MiB three times does not fit in what is left of 0.2 s at this speed: larger sizes are
+    // not timed, and the choice says so.
+    REQUIRE(run.choice.budget_ended_below_knee);
+    REQUIRE(run.choice.seconds_spent <= o.budget_s);
+    // The first size is the first one call times; four times larger does not fit, so the largest that does.
+    REQUIRE(run.order.front() == 8 * probe_mib);
+    REQUIRE(run.order.at(1) == 16 * probe_mib);
+    // Every size at most the gradients' own (128 MiB here, the probe's limit).
+    for (std::size_t b : run.order) REQUIRE(b <= o.largest_bytes);
+  }
+  SECTION("2 ranks' speed, slower past 32 MiB: bracketed and bisected to 32 MiB") {
+    auto curve = [](std::size_t b) { return b <= 32 * probe_mib ? 2.0e9 : 1.6e9; };
+    const auto run = simulate_probe(gpt2, o, curve);
+    REQUIRE(run.choice.bucket_bytes == 32 * probe_mib);
+    REQUIRE(run.choice.best_bytes <= 32 * probe_mib);
+    REQUIRE(run.choice.seconds_spent <= o.budget_s);
+    REQUIRE(std::find(run.order.begin(), run.order.end(), 64 * probe_mib) != run.order.end());
+    REQUIRE_FALSE(run.choice.budget_ended_below_knee);  // 64 MiB was timed, and slower
+    REQUIRE(std::is_sorted(run.choice.curve.begin(), run.choice.curve.end(),
+                           [](const auto& a, const auto& b) { return a.bytes < b.bytes; }));
+  }
+  SECTION("small sizes faster per byte than the rest: the rule still takes the largest within 5 % of the best") {
+    auto curve = [](std::size_t b) { return b <= 2 * probe_mib ? 2.0e9 : 1.0e9; };
+    const auto run = simulate_probe(64 * probe_mib, {.budget_s = 10}, curve);
+    REQUIRE(run.choice.curve.size() == 9);  // 256 KiB .. 64 MiB, all timed with this budget
+    REQUIRE(run.choice.bucket_bytes == 2 * probe_mib);
+  }
+  SECTION("the budget ends before the curve drops: the largest timed size, and the choice says so") {
+    weft::grad::probe_options short_budget;
+    short_budget.budget_s = 0.05;
+    auto flat = [](std::size_t) { return 0.72e9; };
+    const auto run = simulate_probe(gpt2, short_budget, flat);
+    REQUIRE(run.choice.bucket_bytes == 8 * probe_mib);
+    REQUIRE(run.choice.budget_ended_below_knee);
+    REQUIRE(run.choice.seconds_spent <= short_budget.budget_s);
+    REQUIRE_THAT(run.choice.describe(), Catch::Contains("budget ended"));
+  }
+  SECTION("the first size always runs, whatever the budget") {
+    const auto run = simulate_probe(gpt2, {.budget_s = 0}, [](std::size_t) { return 1e9; });
+    REQUIRE(run.order == std::vector<std::size_t>{8 * probe_mib});
+  }
+  SECTION("the gradients' size bounds the sizes, and is one of them") {
+    const auto run = simulate_probe(20 * probe_mib, {.budget_s = 10}, [](std::size_t) { return 1e9; });
+    REQUIRE(*std::max_element(run.order.begin(), run.order.end()) == 20 * probe_mib);
+    REQUIRE(run.choice.bucket_bytes == 20 * probe_mib);
+    // Smaller than one run: the first size is the largest, timed in one call.
+    const auto small = simulate_probe(3 * probe_mib, {.budget_s = 10}, [](std::size_t) { return 1e9; });
+    REQUIRE(small.order.front() == 3 * probe_mib);
+    REQUIRE(small.choice.curve.size() == 5);  // 256 KiB .. 2 MiB, 3 MiB
+  }
+  SECTION("gradients smaller than the smallest size: nothing to time") {
+    REQUIRE(weft::grad::probe_search(100 * 1024, {}).sizes().empty());
+    REQUIRE_FALSE(weft::grad::probe_search(100 * 1024, {}).next());
+  }
+  SECTION("sizes in whole granules, and bad options refused") {
+    weft::grad::probe_search search(1000, {.smallest_bytes = 100}, 48);
+    REQUIRE(std::vector<std::size_t>(search.sizes().begin(), search.sizes().end()) ==
+            std::vector<std::size_t>{144, 240, 432, 816, 1008});
+    REQUIRE_THROWS_WITH(weft::grad::probe_search(1000, {.smallest_bytes = 0}), Catch::Contains("smallest_bytes"));
+    REQUIRE_THROWS_WITH(weft::grad::probe_search(1000, {.repeats = 0}), Catch::Contains("repeats"));
+    REQUIRE_THROWS_WITH(weft::grad::probe_search(1000, {.tolerance = 1}), Catch::Contains("tolerance"));
+  }
 }

@@ -580,6 +580,24 @@ TEST_CASE("a measured bucket cap is the same on every rank and drives the plan",
   if (!shard) REQUIRE(sync.grad(23)[0] == 1.0f);  // mean over ranks
 }
 
+TEST_CASE("the default probe, ended by its budget, chooses the same cap on every rank", "[grad][sync][sizing]") {
+  auto dp = dp_group();
+  // 24 MiB of gradients under the default 0.2 s budget: the search's steps follow from the times
+  // recorded so far, which are the slowest rank's, so every rank takes the same steps.
+  synchronizer<weft::mpi_backend> sync(dp, {.warn_if_not_overlapped = false});
+  for (int p = 0; p < 3; ++p) sync.add_param("p" + std::to_string(p), 2 << 20);
+  sync.freeze();
+  const auto& choice = sync.bucket_choice();
+  REQUIRE_FALSE(choice.curve.empty());
+  REQUIRE(choice.curve.back().bytes <= std::size_t{24} << 20);  // never past the gradients' size
+  std::uint64_t curve_hash = choice.bucket_bytes;
+  for (const auto& p : choice.curve) curve_hash = curve_hash * 1000003 ^ p.bytes ^ std::bit_cast<std::uint64_t>(p.seconds);
+  const auto hashes = all_gather_world(static_cast<std::int64_t>(curve_hash));
+  REQUIRE(std::all_of(hashes.begin(), hashes.end(), [&](std::int64_t h) { return h == hashes[0]; }));
+  const auto caps = all_gather_world(static_cast<std::int64_t>(choice.bucket_bytes));
+  REQUIRE(std::all_of(caps.begin(), caps.end(), [&](std::int64_t c) { return c == caps[0]; }));
+}
+
 TEST_CASE("a given bucket cap skips the probe; ranks that disagree on measuring are stopped", "[grad][sync][sizing]") {
   auto dp = dp_group();
   SECTION("given") {
@@ -601,10 +619,11 @@ TEST_CASE("a given bucket cap skips the probe; ranks that disagree on measuring 
     weft::grad::sync_options o;
     o.probe.budget_s = 1e-9;  // spent by the first size, on every rank alike (the slowest rank's time)
     synchronizer<weft::mpi_backend> sync(dp, o);
-    sync.add_param("a", 1 << 20);
+    sync.add_param("a", 4 << 20);  // 16 MiB: the first size is the first one call times, 8 MiB
     sync.freeze();
     REQUIRE(sync.bucket_choice().curve.size() == 1);
-    REQUIRE(sync.bucket_choice().bucket_bytes == 256 * 1024);
+    REQUIRE(sync.bucket_choice().bucket_bytes == 8 << 20);
+    REQUIRE(sync.bucket_choice().budget_ended_below_knee);
   }
   SECTION("rank 0 measures, the others give a cap") {
     weft::grad::sync_options o;

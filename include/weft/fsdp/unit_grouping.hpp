@@ -10,9 +10,9 @@
 /// gathered parameters are the memory ZeRO-3 holds per unit, so larger is not free either.
 ///
 ///   * `choose_unit_bytes` (fsdp/unit_sizing.hpp) times the shard group's all-gather and reduce-scatter (in place, in the
-///     gathered element type) at doubling sizes from 256 KiB up to the layers' total size, the
-///     probe's budget split between the two, every rank holding the same curve (each size's
-///     slowest rank). A size costs its all-gather plus its reduce-scatter; the cap is the largest
+///     gathered element type), one after the other at each size the synchronizer's probe chooses
+///     (grad::probe_search) from 256 KiB up to the layers' total size, every rank holding the same
+///     curve (each size's slowest rank). A size costs its all-gather plus its reduce-scatter; the cap is the largest
 ///     size whose bandwidth is within the tolerance (5 %) of the best: grad::choose_bucket_bytes,
 ///     the synchronizer's rule. An explicit cap (anything but grad::measured_bucket_bytes) is
 ///     taken as it is, and nothing is timed.

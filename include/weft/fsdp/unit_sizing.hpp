@@ -1,7 +1,7 @@
 #pragma once
 /// \file
-/// The FSDP unit cap measured on the shard group: its all-gather and reduce-scatter timed at
-/// doubling sizes, and the synchronizer's rule applied to their sum (fsdp/unit_grouping.hpp says
+/// The FSDP unit cap measured on the shard group: its all-gather and reduce-scatter timed as a
+/// pair at the sizes the synchronizer's probe chooses, and its rule applied to their sum (fsdp/unit_grouping.hpp says
 /// why and groups the layers by the cap; weft/grad/bucket_sizing.hpp times the collectives).
 
 #include <bit>
@@ -41,30 +41,14 @@ grad::bucket_size_choice choose_unit_bytes(communicator<B>& shard_group, std::sp
     for (const grad::param_spec& p : layer.params) elements += p.count;
   const std::size_t total = elements * sizeof(Param);
   grad::detail::fingerprint_builder h;
-  h.add("weft.fsdp.unit_probe.v1").add(static_cast<std::uint64_t>(total)).add(probe.smallest_bytes);
+  h.add("weft.fsdp.unit_probe.v2").add(static_cast<std::uint64_t>(total)).add(probe.smallest_bytes);
   h.add(probe.largest_bytes).add(std::bit_cast<std::uint64_t>(probe.budget_s)).add(static_cast<std::uint64_t>(probe.repeats));
   h.add(probe.run_bytes).add(std::bit_cast<std::uint64_t>(probe.tolerance));
   shard_group.expect_same_on_all_ranks("the layers' total size and the fsdp unit probe's options", h.value());
 
-  grad::probe_options half = probe;
-  half.budget_s = probe.budget_s / 2;
-  double gather_s = 0, reduce_s = 0;
-  const std::vector<grad::curve_point> gather =
-      grad::probe_collective<Param>(shard_group, total, grad::probed_collective::all_gather, half, &gather_s);
-  const std::vector<grad::curve_point> reduce =
-      grad::probe_collective<Param>(shard_group, total, grad::probed_collective::reduce_scatter, half, &reduce_s);
-  // The sizes both probes reached (the same on every rank), each costing the two calls.
-  std::vector<grad::curve_point> both;
-  for (std::size_t i = 0; i < gather.size() && i < reduce.size(); ++i)
-    both.push_back({gather[i].bytes, gather[i].seconds + reduce[i].seconds});
-  if (both.empty()) {  // smaller than the smallest probed size: one unit holds every layer
-    grad::bucket_size_choice whole;
-    whole.bucket_bytes = whole.best_bytes = std::max<std::size_t>(total, 1);
-    return whole;
-  }
-  grad::bucket_size_choice choice = grad::choose_bucket_bytes(both, probe.tolerance);
-  choice.seconds_spent = gather_s + reduce_s;
-  return choice;
+  // A unit costs its all-gather and its reduce-scatter: each size is timed as the pair.
+  constexpr grad::probed_collective pair[] = {grad::probed_collective::all_gather, grad::probed_collective::reduce_scatter};
+  return grad::probe_collectives<Param>(shard_group, total, std::span<const grad::probed_collective>(pair), probe);
 }
 
 }  // namespace weft::fsdp

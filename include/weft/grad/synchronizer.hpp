@@ -368,19 +368,8 @@ class synchronizer : public detail::sync_part<B, T> {
   bucket_size_choice measure_bucket_bytes() {
     std::size_t elements = 0;
     for (const param_spec& p : specs_) elements += p.count;
-    const std::size_t bytes = elements * sizeof(T);
-    double spent = 0;
-    std::vector<curve_point> curve =
-        probe_reduction<T>(group(), bytes, options_.shard_optimizer_state, options_.probe, &spent);
-    // Gradients smaller than the smallest probed size: one bucket holds them all.
-    if (curve.empty()) {
-      bucket_size_choice whole;
-      whole.bucket_bytes = whole.best_bytes = std::max<std::size_t>(bytes, 1);
-      return whole;
-    }
-    bucket_size_choice choice = choose_bucket_bytes(curve, options_.probe.tolerance);
-    choice.seconds_spent = spent;
-    return choice;
+    // Gradients smaller than the smallest probed size: one bucket holds them all, nothing timed.
+    return probe_reduction_choice<T>(group(), elements * sizeof(T), options_.shard_optimizer_state, options_.probe);
   }
 
   const std::shared_ptr<const bucket_plan>& checked_plan(std::string_view what) const {
