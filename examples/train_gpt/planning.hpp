@@ -28,15 +28,17 @@ inline weft::tune::model_desc tuner_model(const gpt_config& m) {
 /// stages, selective and full recomputation (--recompute); attention skips the masked half of
 /// the causal scores and never stores them (so the tuner weighs selective recomputation only
 /// when asked for it); float32 gradients; experts split over ep, each run whole on every tp rank
-/// (expert-tp = tp, no parallel folding).
-inline weft::tune::software_desc tuner_software() {
+/// (expert-tp = tp, no parallel folding). A mixture of experts shards at most the optimizer
+/// state: ZeRO-2, ZeRO-3 and HSDP shard units every dp x cp rank holds, which experts held by their
+/// ep rank alone are not (train_gpt refuses them with ep > 1).
+inline weft::tune::software_desc tuner_software(bool mixture_of_experts = false) {
   return {.flash_attention = true,
           .sequence_parallel = true,
           .interleaved_schedule = true,
           .context_parallel = true,
           .overlap_dp = true,
           .overlap_tp = false,
-          .max_sharding = weft::tune::sharding::full,
+          .max_sharding = mixture_of_experts ? weft::tune::sharding::optimizer : weft::tune::sharding::full,
           .sharding_with_pipeline = false,
           .selective_recompute = true,
           .expert_tp_folding = false,
@@ -46,7 +48,7 @@ inline weft::tune::software_desc tuner_software() {
 /// The tuner's step time (seconds) for `layout` (with its world size set) on measured hardware.
 inline double predicted_step_seconds(const gpt_config& m, const weft::tune::measured_hardware& hw,
                                      const weft::tune::layout_choice& layout, int global_batch) {
-  return weft::tune::predict(tuner_model(m), hw, {.global_batch = global_batch}, layout, tuner_software()).time.step;
+  return weft::tune::predict(tuner_model(m), hw, {.global_batch = global_batch}, layout, tuner_software(m.moe_experts > 0)).time.step;
 }
 
 /// The best layout for `world` ranks of the measured hardware, and the tuner's report on it
@@ -61,7 +63,7 @@ inline planned_layout plan_layout(const gpt_config& m, const weft::tune::measure
   const model_desc model = tuner_model(m);
   const cluster_desc cluster = cluster_of(hw);
   const job_desc job{.global_batch = global_batch};
-  search_options options{.top = 5, .software = tuner_software(), .calib = calibration_of(hw)};
+  search_options options{.top = 5, .software = tuner_software(m.moe_experts > 0), .calib = calibration_of(hw)};
   const search_result result = search(model, cluster, job, options);
   if (result.plans.empty())
     weft::fail("--plan: no layout of " + std::to_string(gpu_count(cluster)) + " ranks fits this model with a global batch of " +

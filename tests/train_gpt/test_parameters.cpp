@@ -278,7 +278,7 @@ TEST_CASE("train_gpt's --plan for a mixture of experts: a layout the tuner ranks
   // experts of GPT-2's MLP.
   const weft::tune::model_desc moe{.layers = 4, .hidden = 64, .heads = 4, .vocab = 256, .seq = 32,
                                    .tied_embeddings = true, .experts = 4, .top_k = 2, .moe_every = 2};
-  const weft::tune::search_options options{.top = 8, .software = tuner_software(), .calib = weft::tune::calibration_of(hw)};
+  const weft::tune::search_options options{.top = 8, .software = tuner_software(true), .calib = weft::tune::calibration_of(hw)};
   const weft::tune::search_result ranked = weft::tune::search(moe, weft::tune::cluster_of(hw), {.global_batch = 4}, options);
   REQUIRE(!ranked.plans.empty());
   const planned_layout chosen = plan_layout(m, hw, 4);
@@ -293,6 +293,10 @@ TEST_CASE("train_gpt's --plan for a mixture of experts: a layout the tuner ranks
                       p.config.recompute_mode == chosen.layout.recompute_mode);
   CHECK(first);
   CHECK(chosen.layout.parallel.ep == 4);  // on this description the experts spread over every rank
+  // Experts held by their ep rank alone: ZeRO-2, ZeRO-3 and HSDP are refused with them, so no
+  // plan of an MoE model shards more than the optimizer state (a dense model's may).
+  for (const weft::tune::plan& p : ranked.plans) CHECK(p.config.sharding_mode <= weft::tune::sharding::optimizer);
+  CHECK(tuner_software(false).max_sharding == weft::tune::sharding::full);
   CHECK_THAT(chosen.report, Catch::Contains("ep=4"));
   // train_gpt runs each expert whole on every tp rank: the tuner is told not to fold expert-tp
   // below tp (software that folds gets such layouts from the same search).
