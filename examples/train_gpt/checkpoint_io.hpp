@@ -24,6 +24,7 @@
 #include <weft/checkpoint/safetensors.hpp>
 #include <weft/comm/communicator.hpp>
 
+#include "command_line.hpp"
 #include "gpt_config.hpp"
 #include "parameters.hpp"
 
@@ -235,6 +236,22 @@ inline void expect_model_tensors(const weft::checkpoint::checkpoint_file& f, con
       throw std::runtime_error("checkpoint '" + path + "': tensor '" + prefix + t.name + "' is " +
                                std::string(weft::checkpoint::safetensors_name(r->type)) +
                                "; train_gpt reads float32 checkpoints");
+  }
+}
+
+/// The integer `key` of an optimizer-state file's metadata (`opt` names the file in the message):
+/// missing or not a number is one input error saying to re-save.
+inline std::int64_t optimizer_metadata_number(const weft::checkpoint::checkpoint_file& optimizer, const std::string& opt,
+                                              const char* key) {
+  const auto it = optimizer.metadata.find(key);
+  if (it == optimizer.metadata.end())
+    throw weft_programs::input_error("optimizer state '" + opt + "' has no '" + key +
+                                     "' in its metadata: re-save the checkpoint");
+  try {
+    return std::stoll(it->second);
+  } catch (const std::exception&) {
+    throw weft_programs::input_error("optimizer state '" + opt + "': metadata " + key + " = '" + it->second +
+                                     "' is not a number; re-save the checkpoint");
   }
 }
 

@@ -315,17 +315,7 @@ class trainer {
     const weft::checkpoint::checkpoint_file s = read_checked(opt);
     expect_model_tensors(s, opt, index_, "exp_avg.");
     expect_model_tensors(s, opt, index_, "exp_avg_sq.");
-    auto number = [&](const char* key) -> std::int64_t {
-      auto it = s.metadata.find(key);
-      if (it == s.metadata.end())
-        throw input_error("optimizer state '" + opt + "' has no '" + key + "' in its metadata: re-save the checkpoint");
-      try {
-        return std::stoll(it->second);
-      } catch (const std::exception&) {
-        throw input_error("optimizer state '" + opt + "': metadata " + key + " = '" + it->second +
-                          "' is not a number; re-save the checkpoint");
-      }
-    };
+    auto number = [&](const char* key) { return optimizer_metadata_number(s, opt, key); };
     step_ = number("step");
     // Checkpoints from before the position was recorded: the sequences of `step` global batches.
     data_sequence_ = s.metadata.count("data_sequence") != 0 ? number("data_sequence") : step_ * r_.global_batch;

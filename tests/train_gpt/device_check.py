@@ -34,7 +34,8 @@ def run(command, expect=0):
     r = subprocess.run(command, capture_output=True, text=True, timeout=240)
     if r.returncode != expect:
         sys.stderr.write(r.stdout[-4000:] + r.stderr[-4000:])
-        sys.exit(f"device_check: '{' '.join(command)}' exited with {r.returncode}, not {expect}")
+        program = os.path.splitext(os.path.basename(sys.argv[0]))[0]  # this script or one importing run()
+        sys.exit(f"{program}: '{' '.join(command)}' exited with {r.returncode}, not {expect}")
     return r.stdout + r.stderr
 
 

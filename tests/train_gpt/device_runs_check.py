@@ -46,34 +46,15 @@ zero1: dp 2 with --zero1 (AdamW on each rank's shard of the reduce-scattered gra
 import filecmp
 import os
 import re
-import struct
-import subprocess
 import sys
 import tempfile
 
-import safetensors_file
-
-MODEL = ["--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "32", "--positions", "64", "--seed", "7",
-         "--micro-batch", "2", "--global-batch", "4", "--lr", "3e-3"]
-
-
-def run(command, expect=0):
-    r = subprocess.run(command, capture_output=True, text=True, timeout=240)
-    if r.returncode != expect:
-        sys.stderr.write(r.stdout[-4000:] + r.stderr[-4000:])
-        sys.exit(f"device_runs_check: '{' '.join(command)}' exited with {r.returncode}, not {expect}")
-    return r.stdout + r.stderr
+from device_check import MODEL, floats, run  # the same model, runner and reader as the first-step check
 
 
 def losses(text):
     """(step, loss as printed) of each step line."""
     return [(int(m.group(1)), m.group(2)) for m in re.finditer(r"^step (\d+)/\d+ \| loss ([0-9.]+)", text, re.M)]
-
-
-def floats(path):
-    """name -> the float32 values of each F32 tensor of a safetensors file."""
-    return {name: struct.unpack(f"<{len(data) // 4}f", data)
-            for name, (dtype, _, data) in safetensors_file.read(path)[1].items() if dtype == "F32"}
 
 
 def check_bf16(one, tmp, failures):

@@ -488,17 +488,7 @@ std::pair<std::int64_t, std::int64_t> resume_checkpoint(one_gpu_model<T>& model,
   } catch (const std::exception& e) {
     throw input_error(e.what());
   }
-  auto number = [&](const char* key) -> std::int64_t {
-    const auto it = optimizer.metadata.find(key);
-    if (it == optimizer.metadata.end())
-      throw input_error("optimizer state '" + opt + "' has no '" + key + "' in its metadata: re-save the checkpoint");
-    try {
-      return std::stoll(it->second);
-    } catch (const std::exception&) {
-      throw input_error("optimizer state '" + opt + "': metadata " + key + " = '" + it->second +
-                        "' is not a number; re-save the checkpoint");
-    }
-  };
+  auto number = [&](const char* key) { return optimizer_metadata_number(optimizer, opt, key); };
   const std::int64_t step = number("step");
   const std::int64_t sequence = optimizer.metadata.count("data_sequence") != 0 ? number("data_sequence")
                                                                                : step * r.global_batch;
