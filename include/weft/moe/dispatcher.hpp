@@ -21,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <numeric>
 #include <span>
 #include <string>
 #include <vector>
@@ -60,16 +61,11 @@ class token_dispatcher {
     received_.assign(experts_, 0);
     counts_ = ep.exchange_counts(mine, received_, dtype_of<T>, width);
     inverse_ = counts_.inverse();
-    width_ = width;
-    send_rows_.assign(ranks_, 0);
     recv_rows_.assign(ranks_, 0);
     for (std::size_t r = 0; r < ranks_; ++r)
-      for (std::size_t e = 0; e < local_; ++e) {
-        send_rows_[r] += rows_per_expert[r * local_ + e];
-        recv_rows_[r] += static_cast<std::size_t>(received_[r * local_ + e]);
-      }
-    sent_ = received_total_ = 0;
-    for (std::size_t r = 0; r < ranks_; ++r) sent_ += send_rows_[r], received_total_ += recv_rows_[r];
+      for (std::size_t e = 0; e < local_; ++e) recv_rows_[r] += static_cast<std::size_t>(received_[r * local_ + e]);
+    sent_ = std::accumulate(rows_per_expert.begin(), rows_per_expert.end(), std::size_t{0});
+    received_total_ = std::accumulate(recv_rows_.begin(), recv_rows_.end(), std::size_t{0});
   }
 
   std::size_t rows_sent() const noexcept { return sent_; }
@@ -93,7 +89,7 @@ class token_dispatcher {
   }
 
   /// The row length the plan was made for.
-  std::size_t width() const noexcept { return width_; }
+  std::size_t width() const noexcept { return counts_.row_elements(); }
 
   /// rows [rows_sent(), width()], grouped by expert -> received [rows_received(), width()].
   template <class T>
@@ -108,9 +104,9 @@ class token_dispatcher {
 
  private:
   communicator_ref<B> ep_;
-  std::size_t experts_ = 0, ranks_ = 1, local_ = 0, width_ = 0;
+  std::size_t experts_ = 0, ranks_ = 1, local_ = 0;
   std::vector<std::int64_t> received_;  ///< [ep, local experts]: rows from each source for each local expert
-  std::vector<std::size_t> send_rows_, recv_rows_;  ///< [ep]
+  std::vector<std::size_t> recv_rows_;  ///< [ep]: rows from each source
   paired_counts counts_, inverse_;  ///< elements for and from each rank: dispatch's, combine's
   std::size_t sent_ = 0, received_total_ = 0;
 };
