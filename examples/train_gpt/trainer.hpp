@@ -639,6 +639,9 @@ class trainer {
       for (const param_run<const float>& run : held_runs<const float>(which)) {
         const param_spec& p = specs_[run.param];
         if (!fsdp_ && skip_[run.param]) continue;  // the last stage's copy of the tied embedding: the first stage's is saved
+        // What tp replicates is written by tp rank 0 alone: each tp rank's dp group measures its
+        // own bucket cap, so their ZeRO-1 shards of a replicated tensor may cut it differently.
+        if (!own_.owns(p, /*sharded=*/true)) continue;
         const std::vector<std::int64_t> shape = local_shape(p, place_.tp);
         const auto begin = static_cast<std::int64_t>(run.param_offset);
         for (const held_box& box : whole_boxes(p, place_.tp_rank, place_.tp, begin, begin + static_cast<std::int64_t>(run.values.size()))) {

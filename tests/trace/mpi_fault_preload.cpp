@@ -5,6 +5,11 @@
 //                                       it never goes on) before it runs; the pid goes to $WEFT_TRACE_DIR/stopped first
 //   WEFT_TEST_LATE_MS=30                every MPI_Allreduce returns 30 ms late, after its data
 //                                       moved: this rank alone spends longer in each all-reduce
+//   WEFT_TEST_LATE_RSB=0:524288:20000,1:0:300
+//                                       RANK:BYTES:MICROSECONDS, comma-separated: on world rank RANK,
+//                                       each MPI_Reduce_scatter_block of at least BYTES (the whole
+//                                       buffer reduced) returns that late, so that each group a
+//                                       bucket probe times sees costs of its own (train_gpt's tests)
 #include <mpi.h>
 
 #include <csignal>
@@ -63,6 +68,29 @@ void late() {
   nanosleep(&pause, nullptr);
 }
 
+struct reduce_scatter_delay {
+  long min_bytes = -1;  // -1: no delay on this rank
+  long microseconds = 0;
+};
+
+const reduce_scatter_delay& rsb_delay() {
+  static const reduce_scatter_delay parsed = [] {
+    reduce_scatter_delay d;
+    const char* text = std::getenv("WEFT_TEST_LATE_RSB");
+    const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+    if (text == nullptr || rank == nullptr) return d;
+    const long me = std::atol(rank);
+    long r = 0, bytes = 0, us = 0;
+    for (const char* at = text; at != nullptr && *at != '\0';) {
+      if (std::sscanf(at, "%ld:%ld:%ld", &r, &bytes, &us) == 3 && r == me) d = {bytes, us};
+      at = std::strchr(at, ',');
+      if (at != nullptr) ++at;
+    }
+    return d;
+  }();
+  return parsed;
+}
+
 int dups = 0, gathers = 0, reductions = 0, barriers = 0, broadcasts = 0, splits = 0;
 
 }  // namespace
@@ -84,6 +112,22 @@ int MPI_Allreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype da
   maybe_stop("MPI_Allreduce", reductions);
   const int code = PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
   late();
+  return code;
+}
+
+int MPI_Reduce_scatter_block(const void* sendbuf, void* recvbuf, int recvcount, MPI_Datatype datatype, MPI_Op op,
+                             MPI_Comm comm) {
+  const int code = PMPI_Reduce_scatter_block(sendbuf, recvbuf, recvcount, datatype, op, comm);
+  const reduce_scatter_delay& d = rsb_delay();
+  if (d.min_bytes >= 0) {
+    int type_bytes = 0, ranks = 0;
+    PMPI_Type_size(datatype, &type_bytes);
+    PMPI_Comm_size(comm, &ranks);
+    if (static_cast<long>(recvcount) * type_bytes * ranks >= d.min_bytes) {
+      timespec pause{d.microseconds / 1'000'000, (d.microseconds % 1'000'000) * 1000};
+      nanosleep(&pause, nullptr);
+    }
+  }
   return code;
 }
 

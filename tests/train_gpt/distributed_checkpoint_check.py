@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """train_gpt's distributed checkpoints (--save-dir, --resume DIR): saved in one layout, resumed in others.
 
-  distributed_checkpoint_check.py matrix|zero3|moe TRAIN_GPT WEFT_CKPT LAUNCH...
+  distributed_checkpoint_check.py matrix|zero3|moe|unequal_caps TRAIN_GPT WEFT_CKPT LAUNCH...
 
 Each case trains 6 steps uninterrupted while saving at steps 3 and 6, then resumes step 3 in other
 layouts: steps 4-6 must print the uninterrupted run's losses, to the last digit in the same layout
@@ -23,6 +23,11 @@ moe (4 ranks): a mixture of experts (2 MoE blocks of 4 experts, top 2) saved at 
   same step every expert (gathered from their ep ranks), equal to the directory's export. Each
   run's max_rank_parameters (--log-json) is the count computed here: the dense part and E / ep
   experts per MoE block.
+unequal_caps (4 ranks): dp2 x tp2 + ZeRO-1 with the bucket cap measured, where the two tp ranks'
+  dp groups measure different caps (a library preloaded into ranks 0 and 1, $WEFT_TEST_PRELOAD,
+  makes large reduce-scatters slow on the first group and every one a little slow on the second),
+  so their ZeRO-1 shards cut the tensors tp replicates at other places: saved at step 2 of 3, the
+  directory passes weft-ckpt verify and resumes on 1 rank to the uninterrupted step 3.
 """
 import json
 import os
@@ -270,10 +275,30 @@ def moe(train_gpt, weft_ckpt, launch, tmp):
     print(f"moe: --save's file holds all {len(names)} expert tensors, equal to the directory's export")
 
 
+def unequal_caps(train_gpt, weft_ckpt, launch, tmp):
+    model = ["--layers", "4", "--hidden", "128", "--heads", "4", "--seq", "32", "--vocab", "1000", "--lr", "3e-3",
+             "--seed", "5", "--global-batch", "4", "--quiet"]
+    # The gradients a tp rank reduces are about 2 MB. Group (0, 2): each reduce-scatter of 512 KiB
+    # or more returns 2 ms late, so 256 KiB is the fastest per byte and the buckets are 6; group
+    # (1, 3): every one returns 0.3 ms late, so the whole is, and the buckets are 2 (the first
+    # bucket's 1 MiB and the rest). wpe's moments are then cut at other places on the two.
+    slowed = launch[:1] + ["-x", "LD_PRELOAD=" + os.environ["WEFT_TEST_PRELOAD"],
+                           "-x", "WEFT_TEST_LATE_RSB=0:524288:2000,1:0:300"] + launch[1:]
+    run(slowed + ["-n", "4", train_gpt] + model + ["--dp", "2", "--tp", "2", "--zero1", "--steps", "3",
+                                                    "--save-every", "2", "--save-dir", "ckpt", "--log-json", "whole.json"],
+        tmp)
+    out = run([weft_ckpt, "verify", "ckpt/2"], tmp).stdout
+    if not out.startswith("ok: ckpt/2"):
+        fail(f"weft-ckpt verify ckpt/2: {out}")
+    run(launch + ["-n", "1", train_gpt] + model + ["--steps", "3", "--resume", "ckpt/2", "--log-json", "one.json"], tmp)
+    compare_curve("dp2 x tp2 + ZeRO-1, unequal caps -> 1 rank", losses(os.path.join(tmp, "whole.json")),
+                  losses(os.path.join(tmp, "one.json")), exact=False, steps=(3,))
+
+
 def main():
     case, train_gpt, weft_ckpt, launch = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
     with tempfile.TemporaryDirectory() as tmp:  # also the runs' working directory
-        {"matrix": matrix, "zero3": zero3, "moe": moe}[case](train_gpt, weft_ckpt, launch, tmp)
+        {"matrix": matrix, "zero3": zero3, "moe": moe, "unequal_caps": unequal_caps}[case](train_gpt, weft_ckpt, launch, tmp)
     if failures:
         print(f"distributed_checkpoint_check {case}: FAILED:\n" + "\n".join(failures))
         return 1
