@@ -1,5 +1,6 @@
 #pragma once
-// What the trainer on GPUs (cuda/trainer.cpp) takes: data parallelism alone (one GPU a rank), fp32
+// What the trainer on GPUs (cuda/trainer.cpp) takes: data and tensor parallelism without sequence
+// parallelism (one GPU a rank), fp32
 // or bf16, the dense model, every activation on each GPU and the optimizer state whole or as a
 // ZeRO-1 shard, the checkpoint files of --save and --resume (without ZeRO-1); no distributed checkpoints, initial weights from a
 // file, validation, traces or JSON logs. A pure check of the flags and the resolved layout, so its
@@ -12,21 +13,27 @@
 #include <vector>
 
 #include <weft/layout/layout.hpp>
+#include <weft/tp/vocab_parallel.hpp>
 
 #include "options.hpp"
 
 namespace train_gpt {
 
 /// Why the trainer on the GPU does not take this run (what to do instead), or nothing when it
-/// does. `degrees` is the resolved layout (dp derived from the ranks) of `world_size` ranks.
+/// does. `degrees` is the resolved layout (dp derived from the ranks) of `world_size` ranks;
+/// `sequence_parallel`: whether the run would split the sequence over tp (the flag, or --plan's choice).
 inline std::optional<std::string> cuda_trainer_refusal(const options& o, const weft::layout::layout_spec& degrees,
-                                                       int world_size) {
+                                                       int world_size, bool sequence_parallel) {
   const auto& d = degrees;
-  if (d.tp != 1 || d.pp != 1 || d.cp != 1 || d.ep != 1 || d.virtual_stages != 1)
-    return "the trainer on the GPU runs data parallelism alone (tp, pp and cp 1, one GPU a rank), and this run has " +
+  if (d.pp != 1 || d.cp != 1 || d.ep != 1 || d.virtual_stages != 1)
+    return "the trainer on the GPU runs data and tensor parallelism (pp and cp 1, one GPU a rank), and this run has " +
            std::to_string(world_size) + " ranks as tp " + std::to_string(d.tp) + " pp " + std::to_string(d.pp) +
            " dp " + std::to_string(d.dp) + " cp " + std::to_string(d.cp) +
-           ": use --dp alone, or --device cpu for tensor, pipeline and context parallelism";
+           ": use --dp and --tp alone, or --device cpu for pipeline and context parallelism";
+  if (d.tp > 1 && sequence_parallel)
+    return std::string("the trainer on the GPU runs tensor parallelism without sequence parallelism (each tp rank "
+                       "keeps every token's activations outside the attention and MLP blocks): drop "
+                       "--sequence-parallel, or use --device cpu");
   if (o.model.moe_experts > 0)
     return std::string("the trainer on the GPU runs the dense model (no mixture of experts on it yet): drop "
                        "--moe-experts, or use --device cpu");
@@ -36,12 +43,21 @@ inline std::optional<std::string> cuda_trainer_refusal(const options& o, const w
     return "--precision bf16 needs --hidden a multiple of 8 (the bf16 products read rows of 16 bytes), and it is " +
            std::to_string(o.model.hidden) + ": give --hidden " + std::to_string((o.model.hidden / 8 + 1) * 8) +
            ", or train in fp32";
+  // Under tp the products' widths are the rank's slices: hidden / tp (and 3x, 4x it).
+  if (o.precision == precision_kind::bf16 && d.tp > 1 && o.model.hidden % (8 * d.tp) != 0)
+    return "--precision bf16 with --tp " + std::to_string(d.tp) + " needs --hidden a multiple of " +
+           std::to_string(8 * d.tp) + " (each rank's slice, hidden / tp, is a row of the bf16 products, which read "
+           "rows of 16 bytes), and it is " + std::to_string(o.model.hidden) + ": give --hidden " +
+           std::to_string((o.model.hidden / (8 * d.tp) + 1) * 8 * d.tp) + ", or train in fp32";
   const long long divisor = std::max(o.model.vocab_divisible_by, 1);
-  if (o.precision == precision_kind::bf16 && (o.model.vocab + divisor - 1) / divisor * divisor % 8 != 0)
+  // The tied output layer's width on a rank: its block of the padded vocabulary (all of it with tp 1).
+  if (o.precision == precision_kind::bf16 && o.model.vocab > 0 && d.tp >= 1 &&
+      weft::tp::partition_vocab(static_cast<std::size_t>(o.model.vocab), d.tp, 0, static_cast<std::size_t>(divisor))
+                  .per_rank % 8 != 0)
     return "--precision bf16 needs the padded vocabulary a multiple of 8 (the bf16 products read rows of 16 bytes), "
            "and --vocab " + std::to_string(o.model.vocab) + " padded to a multiple of --make-vocab-size-divisible-by " +
-           std::to_string(divisor) + " is not: give --make-vocab-size-divisible-by 8 (or a multiple of it), or train "
-           "in fp32";
+           std::to_string(divisor) + (d.tp > 1 ? " x tp " + std::to_string(d.tp) + " gives each rank a block that" : "") +
+           " is not: give --make-vocab-size-divisible-by 8 (or a multiple of it), or train in fp32";
   if ((o.sharding != weft::tune::sharding::none && o.sharding != weft::tune::sharding::optimizer) ||
       o.recompute != weft::tune::recompute::none)
     return std::string("the trainer on the GPU keeps every activation, every gradient and the parameters whole on its "

@@ -446,6 +446,41 @@ TEST_CASE_METHOD(fixture, "embeddings: forward exact; backward exact and the sam
   CHECK(runs[0] == runs[1]);
 }
 
+TEST_CASE_METHOD(fixture, "embeddings of one vocabulary block (tensor parallelism): -1 is a zero row, adds nothing") {
+  gpu::kernels k(stream);
+  std::mt19937 rng(16);
+  const std::size_t n = 97, c = 24, vocab = 40, seq = 17, first = 20, block = 20;  // this rank: tokens [20, 40)
+  std::vector<std::int32_t> tokens(n), local(n);
+  std::vector<std::int64_t> positions(n);
+  std::uniform_int_distribution<std::int32_t> tok(0, static_cast<std::int32_t>(vocab) - 1);
+  for (std::size_t t = 0; t < n; ++t) {
+    tokens[t] = tok(rng), positions[t] = static_cast<std::int64_t>(t % seq);
+    local[t] = tokens[t] >= static_cast<std::int32_t>(first) ? tokens[t] - static_cast<std::int32_t>(first) : -1;
+  }
+  const auto wte = random_floats(block * c, rng), wpe = random_floats(seq * c, rng), dx = random_floats(n * c, rng);
+  device<std::int32_t> ld(local);
+  device<std::int64_t> pd(positions);
+  device<float> wted(wte), wped(wpe), xd(n * c), dxd(dx), dwted(block * c), dwped(seq * c);
+  // The lookup alone, then the positions added: the rows of other blocks are the positions' alone.
+  k.embedding_forward(ld, pd, wted, nullptr, xd, n, c);
+  k.add_positions(pd, wped, xd, n, c);
+  std::vector<float> expected(n * c), dwte(block * c, 0.0f), dwpe(seq * c, 0.0f);
+  for (std::size_t t = 0; t < n; ++t)
+    for (std::size_t j = 0; j < c; ++j) {
+      const float token = local[t] < 0 ? 0.0f : wte[static_cast<std::size_t>(local[t]) * c + j];
+      expected[t * c + j] = token + wpe[static_cast<std::size_t>(positions[t]) * c + j];
+    }
+  CHECK(xd.get() == expected);
+  k.embedding_backward(ld, pd, dxd, dwted, dwped, n, c);
+  for (std::size_t t = 0; t < n; ++t)  // rows in order, as the stable sort keeps them
+    for (std::size_t j = 0; j < c; ++j) {
+      if (local[t] >= 0) dwte[static_cast<std::size_t>(local[t]) * c + j] += dx[t * c + j];
+      dwpe[static_cast<std::size_t>(positions[t]) * c + j] += dx[t * c + j];
+    }
+  CHECK(dwted.get() == dwte);
+  CHECK(dwped.get() == dwpe);
+}
+
 TEST_CASE_METHOD(fixture, "cross-entropy fused with the softmax, whole rows and split by vocabulary") {
   gpu::kernels k(stream);
   std::mt19937 rng(7);

@@ -1,7 +1,9 @@
 // The embeddings: forward is a gather; backward adds each row of dx to its token's (and its
 // position's) row of the table. Adding with atomics would make the sums' order, and so their
 // bits, change from run to run; instead the rows are sorted by index with a stable radix sort
-// (CUB), and one block per distinct index adds that index's rows in their original order.
+// (CUB), and one block per distinct index adds that index's rows in their original order. Under
+// tensor parallelism each rank looks up only the tokens of its vocabulary block: the caller gives
+// the others as -1 (a zero row forward, nothing added backward).
 
 #include <cub/device/device_radix_sort.cuh>
 
@@ -16,7 +18,15 @@ __global__ void embedding_forward_kernel(const std::int32_t* tokens, const std::
   const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
   if (i >= n * c) return;
   const std::size_t t = i / c, j = i % c;
-  x[i] = wte[static_cast<std::size_t>(tokens[t]) * c + j] + wpe[static_cast<std::size_t>(positions[t]) * c + j];
+  const float token = tokens[t] < 0 ? 0.0f : wte[static_cast<std::size_t>(tokens[t]) * c + j];
+  x[i] = wpe == nullptr ? token : token + wpe[static_cast<std::size_t>(positions[t]) * c + j];
+}
+
+__global__ void add_positions_kernel(const std::int64_t* positions, const float* wpe, float* x, std::size_t n,
+                                     std::size_t c) {
+  const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  if (i >= n * c) return;
+  x[i] += wpe[static_cast<std::size_t>(positions[i / c]) * c + i % c];
 }
 
 __global__ void iota_kernel(std::int32_t* out, std::size_t n) {
@@ -25,12 +35,13 @@ __global__ void iota_kernel(std::int32_t* out, std::size_t n) {
 }
 
 /// Block b: if sorted entry b starts a run of equal indices, adds the run's rows of dx (in
-/// their original order, which the stable sort kept) to the table's row.
+/// their original order, which the stable sort kept) to the table's row; a negative index (a
+/// token of another tp rank's block) adds nothing.
 template <class Index>
 __global__ void add_runs_kernel(const Index* sorted, const std::int32_t* rows, const float* dx, float* table,
                                 std::size_t n, std::size_t c) {
   const std::size_t b = blockIdx.x;
-  if (b > 0 && sorted[b] == sorted[b - 1]) return;
+  if (sorted[b] < 0 || (b > 0 && sorted[b] == sorted[b - 1])) return;
   std::size_t end = b + 1;
   while (end < n && sorted[end] == sorted[b]) ++end;
   float* out = table + static_cast<std::size_t>(sorted[b]) * c;
@@ -65,6 +76,12 @@ void kernels::embedding_forward(const std::int32_t* tokens, const std::int64_t* 
                                 const float* wpe, float* x, std::size_t n, std::size_t c) {
   if (n * c == 0) return;
   embedding_forward_kernel<<<detail::blocks_for(n * c, 256), 256, 0, impl_->stream>>>(tokens, positions, wte, wpe, x, n, c);
+  TRAIN_GPT_CUDA_LAUNCHED();
+}
+
+void kernels::add_positions(const std::int64_t* positions, const float* wpe, float* x, std::size_t n, std::size_t c) {
+  if (n * c == 0) return;
+  add_positions_kernel<<<detail::blocks_for(n * c, 256), 256, 0, impl_->stream>>>(positions, wpe, x, n, c);
   TRAIN_GPT_CUDA_LAUNCHED();
 }
 

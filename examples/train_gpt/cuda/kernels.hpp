@@ -144,11 +144,16 @@ class kernels {
 
   // ---- embeddings (embedding.cu) ------------------------------------------------------------
 
-  /// x[t] = wte[token[t]] + wpe[position[t]]; tokens and positions are device arrays of `n`.
+  /// x[t] = wte[token[t]] + wpe[position[t]]; tokens and positions are device arrays of `n`. A
+  /// token of -1 looks up a zero row, and a null `wpe` adds no positions (tensor parallelism: each
+  /// rank's vocabulary block, summed over tp, then add_positions).
   void embedding_forward(const std::int32_t* tokens, const std::int64_t* positions, const float* wte,
                          const float* wpe, float* x, std::size_t n, std::size_t c);
+  /// x[t] += wpe[position[t]].
+  void add_positions(const std::int64_t* positions, const float* wpe, float* x, std::size_t n, std::size_t c);
   /// dwte[token[t]] += dx[t], dwpe[position[t]] += dx[t], deterministically: rows sorted by index
-  /// (a stable radix sort) and each index's rows summed in their order by one block.
+  /// (a stable radix sort) and each index's rows summed in their order by one block. Rows whose
+  /// token is -1 add nothing to dwte.
   void embedding_backward(const std::int32_t* tokens, const std::int64_t* positions, const float* dx, float* dwte,
                           float* dwpe, std::size_t n, std::size_t c);
 

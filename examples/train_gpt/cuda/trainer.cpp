@@ -1,7 +1,9 @@
 // train_on_cuda (device.hpp): GPT-2 trained on GPUs, one per rank, in fp32 or bf16 (bf16 products
-// on fp32 master weights, one_gpu_model), data parallel over NCCL. Each rank's model calls the operations of kernels.hpp in the order model.hpp calls
-// cpu_kernels' on one rank (gpt_model's path without tp, cp or pp, operation for operation), so
-// the first step's loss and gradients are the CPU trainer's to rounding
+// on fp32 master weights, one_gpu_model), data and tensor parallel over NCCL. Each rank's model
+// calls the operations of kernels.hpp in the order model.hpp calls cpu_kernels' (gpt_model's path
+// without cp or pp, operation for operation; with tp, Megatron's column- and row-parallel layers,
+// the vocabulary-parallel embedding and loss, each sum over tp an all-reduce on the compute
+// stream), so the first step's loss and gradients are the CPU trainer's to rounding
 // (tests/train_gpt/device_check.py compares them); weft's gradient synchronizer sums the
 // gradients over the dp ranks (NCCL, device buffers) as it does for the CPU trainer over MPI.
 //
@@ -36,6 +38,7 @@
 #include <weft/comm/communicator.hpp>
 #include <weft/grad/synchronizer.hpp>
 #include <weft/launch/nccl_bootstrap.hpp>
+#include <weft/layout/process_groups.hpp>
 
 #include "checkpoint_io.hpp"
 #include "device.hpp"
@@ -47,6 +50,8 @@
 namespace train_gpt {
 
 namespace {
+
+using nccl_comm = weft::communicator<weft::nccl_backend>;
 
 struct cuda_free {
   void operator()(void* p) const noexcept { cudaFree(p); }
@@ -74,7 +79,9 @@ struct model_storage {
 };
 
 /// One rank's GPT-2 on its GPU: the fp32 master parameters, AdamW's moments and the activations
-/// on the device; the gradients (fp32) in the synchronizer's buffer (model_storage).
+/// on the device; the gradients (fp32) in the synchronizer's buffer (model_storage). With tp > 1
+/// the rank holds its tp slices (rank_parameters at `place`) and sums over `tp`, whose operations
+/// are enqueued on the compute stream.
 /// `T` is what the products read and write: float (--precision fp32: the parameters themselves,
 /// fp32 activations) or cuda::bf16 (--precision bf16: a bf16 copy of the parameters, refreshed
 /// after each optimizer step, and bf16 activations, every product accumulating in fp32). What
@@ -86,16 +93,25 @@ class one_gpu_model {
   static constexpr bool is_bf16 = std::is_same_v<T, cuda::bf16>;
 
  public:
-  one_gpu_model(const gpt_config& m, int micro_batch, cuda::kernels& k, model_storage storage)
-      : m_(m), k_(k), specs_(rank_parameters(m, model_place{})), storage_(std::move(storage)) {
+  one_gpu_model(const gpt_config& m, int micro_batch, cuda::kernels& k, model_storage storage, const model_place& place,
+                nccl_comm* tp)
+      : m_(m),
+        k_(k),
+        place_(place),
+        tp_(place.tp > 1 ? tp : nullptr),
+        specs_(rank_parameters(m, place)),
+        storage_(std::move(storage)),
+        vocab_block_(vocab_partition_of(m, place)) {
     c_ = static_cast<std::size_t>(m.hidden);
+    cl_ = c_ / static_cast<std::size_t>(place.tp);
     t_ = static_cast<std::size_t>(m.seq);
     b_ = static_cast<std::size_t>(micro_batch);
     n_ = b_ * t_;
     heads_ = static_cast<std::size_t>(m.heads);
+    local_heads_ = heads_ / static_cast<std::size_t>(place.tp);
     layers_ = static_cast<std::size_t>(m.layers);
-    vocab_ = static_cast<std::size_t>(m.vocab);
-    padded_vocab_ = vocab_partition_of(m, model_place{}).per_rank;
+    vocab_ = vocab_block_.real_rows();
+    padded_vocab_ = vocab_block_.per_rank;
     total_ = storage_.params_total;
     for (float* p : storage_.param) offsets_.push_back(static_cast<std::size_t>(p - storage_.params));
     // AdamW's moments: beside the parameters (same offsets), or the shard's runs one after another.
@@ -109,26 +125,33 @@ class one_gpu_model {
     WEFT_CHECK_CUDA(cudaMemsetAsync(m1_.get(), 0, moments_ * sizeof(float), k_.stream()));
     WEFT_CHECK_CUDA(cudaMemsetAsync(m2_.get(), 0, moments_ * sizeof(float), k_.stream()));
     if constexpr (is_bf16) working_ = device_alloc<T>(total_);
-    const std::size_t nc = n_ * c_, l = layers_;
+    // nc: a full row of activations per token; ncl: the rank's tp slice of the heads or of the MLP's
+    // inner width (a quarter of it).
+    const std::size_t nc = n_ * c_, ncl = n_ * cl_, l = layers_;
     stream_ = device_alloc<T>((l + 1) * nc);
     ln1_ = device_alloc<T>(l * nc), ln2_ = device_alloc<T>(l * nc);
-    q_ = device_alloc<float>(l * nc), k_act_ = device_alloc<float>(l * nc), v_ = device_alloc<float>(l * nc);
-    attn_ = device_alloc<float>(l * nc), x2_ = device_alloc<T>(l * nc);
-    fc_ = device_alloc<T>(l * 4 * nc), gelu_ = device_alloc<T>(l * 4 * nc);
+    q_ = device_alloc<float>(l * ncl), k_act_ = device_alloc<float>(l * ncl), v_ = device_alloc<float>(l * ncl);
+    attn_ = device_alloc<float>(l * ncl), x2_ = device_alloc<T>(l * nc);
+    fc_ = device_alloc<T>(l * 4 * ncl), gelu_ = device_alloc<T>(l * 4 * ncl);
     stats_ = device_alloc<float>(4 * l * n_);  // mean and rstd of ln_1 and ln_2, per layer
-    lse_ = device_alloc<float>(l * n_ * heads_);
+    lse_ = device_alloc<float>(l * n_ * local_heads_);
     head_ln_ = device_alloc<T>(nc), head_stats_ = device_alloc<float>(2 * n_), head_dh_ = device_alloc<T>(nc);
-    qkv_ = device_alloc<T>(3 * nc), dqkv_ = device_alloc<T>(3 * nc);
+    qkv_ = device_alloc<T>(3 * ncl), dqkv_ = device_alloc<T>(3 * ncl);
     tmp_ = device_alloc<T>(nc), dx_ = device_alloc<T>(nc), dy_ = device_alloc<T>(nc);
     dx2_ = device_alloc<T>(nc), dln1_ = device_alloc<T>(nc), dln2_ = device_alloc<T>(nc);
-    dattn_ = device_alloc<float>(nc), dq_ = device_alloc<float>(nc), dk_ = device_alloc<float>(nc);
-    dv_ = device_alloc<float>(nc);
-    dgelu_ = device_alloc<T>(4 * nc), dfc_ = device_alloc<T>(4 * nc);
+    dattn_ = device_alloc<float>(ncl), dq_ = device_alloc<float>(ncl), dk_ = device_alloc<float>(ncl);
+    dv_ = device_alloc<float>(ncl);
+    dgelu_ = device_alloc<T>(4 * ncl), dfc_ = device_alloc<T>(4 * ncl);
     if constexpr (is_bf16) {
       // The products' bf16 copies of attention's output (kept per layer for c_proj's weight
       // gradient) and of its gradient; the embeddings' fp32 rows.
-      attn_products_ = device_alloc<T>(l * nc), dattn_products_ = device_alloc<T>(nc);
+      attn_products_ = device_alloc<T>(l * ncl), dattn_products_ = device_alloc<T>(ncl);
       embedding_rows_ = device_alloc<float>(nc);
+    }
+    if (tp_ != nullptr) {
+      // The vocabulary-parallel loss's row maxima (float) and sums (double: exp sums, label logits).
+      row_max_ = device_alloc<float>(n_);
+      row_sums_ = device_alloc<double>(2 * n_);
     }
     // The loss's rows per chunk of logits. fp32: as gpt_model's head takes them (its padded block
     // on one rank), so the tied embedding's gradient sums in the CPU's chunks. bf16: chunks 32 x
@@ -147,6 +170,7 @@ class one_gpu_model {
           cudaMemsetAsync(dlogits_products_.get(), 0, chunk_rows_ * padded_vocab_ * sizeof(T), k_.stream()));
     }
     tokens_ = device_alloc<std::int32_t>(n_), labels_ = device_alloc<std::int32_t>(n_);
+    local_tokens_.resize(n_);
     positions_ = device_alloc<std::int64_t>(n_), sequence_positions_ = device_alloc<std::int64_t>(t_);
     std::vector<std::int64_t> pos(n_);
     for (std::size_t i = 0; i < n_; ++i) pos[i] = static_cast<std::int64_t>(i % t_);
@@ -156,12 +180,19 @@ class one_gpu_model {
 
   std::size_t micro_batch_rows() const noexcept { return n_; }
 
+  /// After the host waited for the compute stream: lets go of the step's sums over tp (complete by
+  /// then; waiting on each would have made the host wait inside the step).
+  void settle() {
+    for (auto& r : pending_) r.wait();
+    pending_.clear();
+  }
+
   /// The initial weights (initial_whole, the CPU trainer's, cut to this rank's parts: the padded
   /// vocabulary rows zero).
   void initialize(std::uint64_t seed) {
     std::vector<float> host(total_, 0.0f);
     for (std::size_t i = 0; i < specs_.size(); ++i)
-      cut_local(specs_[i], 0, 1, initial_whole(specs_[i], m_, seed),
+      cut_local(specs_[i], place_.tp_rank, place_.tp, initial_whole(specs_[i], m_, seed),
                 std::span<float>(host).subspan(offsets_[i], specs_[i].local_elements));
     upload(storage_.params, host);
     refresh_working_copy();
@@ -169,6 +200,7 @@ class one_gpu_model {
 
   /// The three states a checkpoint holds, each as whole tensors (checkpoint order: the padded
   /// vocabulary rows left out), and back. Not with ZeRO-1 (each rank holds a shard of the moments).
+  /// whole_state is collective over tp (the slices summed into whole tensors).
   enum class state { params, exp_avg, exp_avg_sq };
   std::vector<float> whole_state(const whole_index& index, state which) {
     return whole_of(index, [&](std::size_t i) -> const float* { return of(which) + offsets_[i]; });
@@ -176,7 +208,8 @@ class one_gpu_model {
   void load_whole_state(state which, const std::function<std::span<const float>(const std::string&)>& lookup) {
     std::vector<float> host(total_, 0.0f);  // the padding zero
     for (std::size_t i = 0; i < specs_.size(); ++i)
-      cut_local(specs_[i], 0, 1, lookup(specs_[i].name), std::span<float>(host).subspan(offsets_[i], specs_[i].local_elements));
+      cut_local(specs_[i], place_.tp_rank, place_.tp, lookup(specs_[i].name),
+                std::span<float>(host).subspan(offsets_[i], specs_[i].local_elements));
     upload(of(which), host);
     if (which == state::params) refresh_working_copy();
   }
@@ -185,47 +218,68 @@ class one_gpu_model {
   /// added, and each row's loss goes to `row_losses` (device, n doubles).
   void forward_backward(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& labels,
                         float loss_scale, double* row_losses) {
-    upload(tokens_.get(), tokens);
+    // Under tp the rank looks up the tokens of its vocabulary block: ids relative to the block,
+    // -1 for the others (model.hpp's embedding_forward).
+    if (tp_ != nullptr) {
+      for (std::size_t t = 0; t < n_; ++t)
+        local_tokens_[t] = vocab_block_.owns(tokens[t]) ? tokens[t] - static_cast<std::int32_t>(vocab_block_.first()) : -1;
+      upload(tokens_.get(), local_tokens_);
+    } else {
+      upload(tokens_.get(), tokens);
+    }
     upload(labels_.get(), labels);
     const std::size_t nc = n_ * c_;
-    if constexpr (is_bf16) {
-      k_.embedding_forward(tokens_.get(), positions_.get(), master(param_role::wte), master(param_role::wpe),
-                           embedding_rows_.get(), n_, c_);
-      k_.convert(embedding_rows_.get(), stream_.get(), nc);
-    } else {
-      k_.embedding_forward(tokens_.get(), positions_.get(), master(param_role::wte), master(param_role::wpe),
-                           stream_.get(), n_, c_);
+    float* embedded;  // fp32: the residual stream's first rows; bf16: fp32 rows converted after
+    if constexpr (is_bf16) embedded = embedding_rows_.get();
+    else embedded = stream_.get();
+    if (tp_ == nullptr) {
+      k_.embedding_forward(tokens_.get(), positions_.get(), master(param_role::wte), master(param_role::wpe), embedded,
+                           n_, c_);
+    } else {  // the blocks' lookups summed over tp, then the positions added
+      k_.embedding_forward(tokens_.get(), positions_.get(), master(param_role::wte), nullptr, embedded, n_, c_);
+      sum_over_tp(embedded, nc);
+      k_.add_positions(positions_.get(), master(param_role::wpe), embedded, n_, c_);
     }
+    if constexpr (is_bf16) k_.convert(embedding_rows_.get(), stream_.get(), nc);
     for (std::size_t l = 0; l < layers_; ++l) layer_forward(l);
     // The head: final norm, then the logits a chunk of rows at a time, each turned into its gradient.
     const T* h_in = stream_.get() + layers_ * nc;
     float* mean = head_stats_.get();
     float* rstd = head_stats_.get() + n_;
     k_.layernorm_forward(h_in, param(param_role::ln_f_w), param(param_role::ln_f_b), head_ln_.get(), mean, rstd, n_, c_);
+    // vocab_: the real tokens of the rank's block (all of them with tp 1); padded_vocab_: the block's rows.
     for (std::size_t r0 = 0; r0 < n_; r0 += chunk_rows_) {
       const std::size_t rows = std::min(chunk_rows_, n_ - r0);
+      T* dh = head_dh_.get() + r0 * c_;
       if constexpr (is_bf16) {
         const std::size_t v = vocab_, vp = padded_vocab_;
         k_.logits_forward(head_ln_.get() + r0 * c_, param(param_role::wte), wide_logits_.get(), rows, c_, vp);
-        WEFT_CHECK_CUDA(cudaMemcpy2DAsync(logits_.get(), v * sizeof(float), wide_logits_.get(), vp * sizeof(float),
-                                          v * sizeof(float), rows, cudaMemcpyDeviceToDevice, k_.stream()));
-        k_.cross_entropy(logits_.get(), labels_.get() + r0, rows, v, loss_scale, row_losses + r0);
-        k_.convert_columns(logits_.get(), v, dlogits_products_.get(), vp, v, rows);
-        k_.logits_backward_input(param(param_role::wte), dlogits_products_.get(), head_dh_.get() + r0 * c_, rows, c_, vp);
+        if (v > 0)
+          WEFT_CHECK_CUDA(cudaMemcpy2DAsync(logits_.get(), v * sizeof(float), wide_logits_.get(), vp * sizeof(float),
+                                            v * sizeof(float), rows, cudaMemcpyDeviceToDevice, k_.stream()));
+        loss(rows, r0, loss_scale, row_losses);
+        if (v > 0) k_.convert_columns(logits_.get(), v, dlogits_products_.get(), vp, v, rows);
+        k_.logits_backward_input(param(param_role::wte), dlogits_products_.get(), dh, rows, c_, vp);
         k_.logits_backward_weight(head_ln_.get() + r0 * c_, dlogits_products_.get(), grad(param_role::wte), rows, c_, vp);
-      } else {
+      } else if (vocab_ > 0) {
         k_.logits_forward(head_ln_.get() + r0 * c_, param(param_role::wte), logits_.get(), rows, c_, vocab_);
-        k_.cross_entropy(logits_.get(), labels_.get() + r0, rows, vocab_, loss_scale, row_losses + r0);
-        k_.logits_backward_input(param(param_role::wte), logits_.get(), head_dh_.get() + r0 * c_, rows, c_, vocab_);
+        loss(rows, r0, loss_scale, row_losses);
+        k_.logits_backward_input(param(param_role::wte), logits_.get(), dh, rows, c_, vocab_);
         k_.logits_backward_weight(head_ln_.get() + r0 * c_, logits_.get(), grad(param_role::wte), rows, c_, vocab_);
+      } else {  // a block wholly in the padding: no logits, but the loss's sums over tp still
+        loss(rows, r0, loss_scale, row_losses);
+        WEFT_CHECK_CUDA(cudaMemsetAsync(dh, 0, rows * c_ * sizeof(T), k_.stream()));
       }
     }
+    sum_over_tp(head_dh_.get(), n_ * c_);  // each block's part of the final norm's output gradient
     // Backward: the final norm, the layers in reverse, the embeddings.
     WEFT_CHECK_CUDA(cudaMemsetAsync(dx_.get(), 0, nc * sizeof(T), k_.stream()));
     k_.layernorm_backward_input(h_in, param(param_role::ln_f_w), mean, rstd, head_dh_.get(), dx_.get(), n_, c_);
     k_.layernorm_backward_params(h_in, mean, rstd, head_dh_.get(), grad(param_role::ln_f_w), grad(param_role::ln_f_b),
                                  n_, c_);
     for (std::size_t l = layers_; l-- > 0;) layer_backward(l);
+    // Every row's gradient (whole on every tp rank): the positions' from each row, the block's
+    // tokens' from their rows (the other blocks' tokens are -1 here).
     if constexpr (is_bf16) {
       k_.convert(dx_.get(), embedding_rows_.get(), nc);
       k_.embedding_backward(tokens_.get(), positions_.get(), embedding_rows_.get(), grad(param_role::wte),
@@ -249,7 +303,8 @@ class one_gpu_model {
     if constexpr (is_bf16) k_.convert(storage_.params, working_.get(), total_);
   }
 
-  /// The gradients as whole tensors in checkpoint order (the padded vocabulary rows left out).
+  /// The gradients as whole tensors in checkpoint order (the padded vocabulary rows left out);
+  /// collective over tp.
   std::vector<float> whole_gradients(const whole_index& index) {
     return whole_of(index, [&](std::size_t i) -> const float* { return storage_.grad[i]; });
   }
@@ -261,7 +316,9 @@ class one_gpu_model {
   void upload(U* device, const std::vector<U>& host) {
     WEFT_CHECK_CUDA(cudaMemcpyAsync(device, host.data(), host.size() * sizeof(U), cudaMemcpyHostToDevice, k_.stream()));
   }
-  /// Each parameter's local elements (from `local_of(i)`, device) placed in whole tensors on the host.
+  /// Each parameter's local elements (from `local_of(i)`, device) placed in whole tensors on the
+  /// host. Under tp each rank places its slices (what tp replicates, tp rank 0 alone) and the sum
+  /// over tp is the whole.
   template <class Local>
   std::vector<float> whole_of(const whole_index& index, Local&& local_of) {
     std::vector<float> local(total_), whole(index.total, 0.0f);
@@ -269,11 +326,47 @@ class one_gpu_model {
       WEFT_CHECK_CUDA(cudaMemcpyAsync(local.data() + offsets_[i], local_of(i), specs_[i].local_elements * sizeof(float),
                                       cudaMemcpyDeviceToHost, k_.stream()));
     WEFT_CHECK_CUDA(cudaStreamSynchronize(k_.stream()));
-    for (std::size_t i = 0; i < specs_.size(); ++i)
-      place_local(specs_[i], 0, 1, std::span<const float>(local).subspan(offsets_[i], specs_[i].local_elements),
+    const ownership own{.tp_rank = place_.tp_rank, .tp = place_.tp, .data_leader = true};  // the CPU trainer's rule
+    for (std::size_t i = 0; i < specs_.size(); ++i) {
+      if (!own.owns(specs_[i], /*sharded=*/false)) continue;
+      place_local(specs_[i], place_.tp_rank, place_.tp,
+                  std::span<const float>(local).subspan(offsets_[i], specs_[i].local_elements),
                   std::span<float>(whole).subspan(index.offset.at(specs_[i].name),
                                                   static_cast<std::size_t>(elements_of(specs_[i].whole))));
+    }
+    if (tp_ != nullptr) {
+      const device_ptr<float> summed = device_alloc<float>(whole.size());
+      upload(summed.get(), whole);
+      tp_->all_reduce(std::span<float>(summed.get(), whole.size()));
+      WEFT_CHECK_CUDA(cudaMemcpyAsync(whole.data(), summed.get(), whole.size() * sizeof(float), cudaMemcpyDeviceToHost,
+                                      k_.stream()));
+      WEFT_CHECK_CUDA(cudaStreamSynchronize(k_.stream()));
+    }
     return whole;
+  }
+
+  /// In place, the sum over tp of `count` elements on the compute stream (nothing without tp).
+  template <class U>
+  void sum_over_tp(U* data, std::size_t count, weft::reduce_op op = weft::reduce_op::sum) {
+    if (tp_ == nullptr) return;
+    using element = std::conditional_t<std::is_same_v<U, cuda::bf16>, weft::bfloat16, U>;
+    static_assert(sizeof(element) == sizeof(U));
+    pending_.push_back(tp_->all_reduce_async(std::span<element>(reinterpret_cast<element*>(data), count), op));
+  }
+
+  /// The loss of `rows` rows from r0 on logits_ (this block's real columns): cpu_kernels'
+  /// cross-entropy on whole rows, or with tp the vocabulary-parallel one, whose maxima and sums
+  /// are reduced over tp between its three steps. logits_ becomes its gradient.
+  void loss(std::size_t rows, std::size_t r0, float loss_scale, double* row_losses) {
+    const std::int32_t* labels = labels_.get() + r0;
+    if (tp_ == nullptr) return k_.cross_entropy(logits_.get(), labels, rows, vocab_, loss_scale, row_losses + r0);
+    const std::size_t first = vocab_block_.first();
+    k_.cross_entropy_row_max(logits_.get(), rows, vocab_, row_max_.get());
+    sum_over_tp(row_max_.get(), rows, weft::reduce_op::max);
+    k_.cross_entropy_exp_sums(logits_.get(), labels, rows, vocab_, first, row_max_.get(), row_sums_.get());
+    sum_over_tp(row_sums_.get(), 2 * rows);
+    k_.cross_entropy_finish(logits_.get(), labels, rows, vocab_, first, row_max_.get(), row_sums_.get(), loss_scale,
+                            row_losses + r0);
   }
   float* of(state which) const {
     if (which != state::params && storage_.sharded)
@@ -313,17 +406,18 @@ class one_gpu_model {
     float *mean1, *rstd1, *mean2, *rstd2;
   };
   layer_view view(std::size_t l) const {
-    const std::size_t nc = n_ * c_;
+    const std::size_t nc = n_ * c_, ncl = n_ * cl_;
     float* stats = stats_.get() + 4 * l * n_;
-    float* attn = attn_.get() + l * nc;
+    float* attn = attn_.get() + l * ncl;
     T* attn_products;
-    if constexpr (is_bf16) attn_products = attn_products_.get() + l * nc;
+    if constexpr (is_bf16) attn_products = attn_products_.get() + l * ncl;
     else attn_products = attn;  // fp32: the products read attention's output itself
-    return {stream_.get() + l * nc, stream_.get() + (l + 1) * nc, ln1_.get() + l * nc, q_.get() + l * nc,
-            k_act_.get() + l * nc,  v_.get() + l * nc,            attn,                lse_.get() + l * n_ * heads_,
-            attn_products,          x2_.get() + l * nc,           ln2_.get() + l * nc, fc_.get() + 4 * l * nc,
-            gelu_.get() + 4 * l * nc, stats,                      stats + n_,          stats + 2 * n_,
-            stats + 3 * n_};
+    return {stream_.get() + l * nc,    stream_.get() + (l + 1) * nc, ln1_.get() + l * nc,
+            q_.get() + l * ncl,        k_act_.get() + l * ncl,       v_.get() + l * ncl,
+            attn,                      lse_.get() + l * n_ * local_heads_, attn_products,
+            x2_.get() + l * nc,        ln2_.get() + l * nc,          fc_.get() + 4 * l * ncl,
+            gelu_.get() + 4 * l * ncl, stats,                        stats + n_,
+            stats + 2 * n_,            stats + 3 * n_};
   }
   float softmax_scale() const {
     return static_cast<float>(weft::cp::softmax_scale({.heads = heads_, .head_dim = c_ / heads_}, {}));
@@ -338,31 +432,35 @@ class one_gpu_model {
     }
   }
 
-  /// gpt_model::layer_forward on one rank.
+  /// gpt_model::layer_forward: c_attn and c_fc column-parallel (the rank's heads, its quarter of
+  /// the MLP's width: cl = c / tp), both c_proj row-parallel, their partial outputs summed over tp
+  /// before the (replicated) bias and the residual.
   void layer_forward(std::size_t l) {
     const layer_view a = view(l);
     const int layer = static_cast<int>(l);
-    const std::size_t c = c_, n = n_, d = c_ / heads_;
+    const std::size_t c = c_, cl = cl_, n = n_, d = c_ / heads_, h = local_heads_;
     k_.layernorm_forward(a.x, param(param_role::ln_1_w, layer), param(param_role::ln_1_b, layer), a.ln1, a.mean1,
                          a.rstd1, n, c);
     k_.linear_forward(a.ln1, param(param_role::attn_w, layer), param(param_role::attn_b, layer), qkv_.get(), n, c,
-                      3 * c);
-    copy_columns(a.q, c, qkv_.get(), 3 * c, c);
-    copy_columns(a.k, c, qkv_.get() + c, 3 * c, c);
-    copy_columns(a.v, c, qkv_.get() + 2 * c, 3 * c, c);
+                      3 * cl);
+    copy_columns(a.q, cl, qkv_.get(), 3 * cl, cl);
+    copy_columns(a.k, cl, qkv_.get() + cl, 3 * cl, cl);
+    copy_columns(a.v, cl, qkv_.get() + 2 * cl, 3 * cl, cl);
     for (std::size_t b = 0; b < b_; ++b) {
-      const std::size_t o = b * t_ * c;
-      k_.attention_forward(a.q + o, a.k + o, a.v + o, sequence_positions_.get(), sequence_positions_.get(), t_, t_,
-                           heads_, d, softmax_scale(), true, a.attn + o, a.lse + b * t_ * heads_);
+      const std::size_t o = b * t_ * cl;
+      k_.attention_forward(a.q + o, a.k + o, a.v + o, sequence_positions_.get(), sequence_positions_.get(), t_, t_, h,
+                           d, softmax_scale(), true, a.attn + o, a.lse + b * t_ * h);
     }
-    if constexpr (is_bf16) k_.convert(a.attn, a.attn_products, n * c);
-    k_.linear_forward(a.attn_products, param(param_role::attn_proj_w, layer), nullptr, tmp_.get(), n, c, c);
+    if constexpr (is_bf16) k_.convert(a.attn, a.attn_products, n * cl);
+    k_.linear_forward(a.attn_products, param(param_role::attn_proj_w, layer), nullptr, tmp_.get(), n, cl, c);
+    sum_over_tp(tmp_.get(), n * c);
     k_.residual_add(a.x, tmp_.get(), param(param_role::attn_proj_b, layer), a.x2, n, c);
     k_.layernorm_forward(a.x2, param(param_role::ln_2_w, layer), param(param_role::ln_2_b, layer), a.ln2, a.mean2,
                          a.rstd2, n, c);
-    k_.linear_forward(a.ln2, param(param_role::fc_w, layer), param(param_role::fc_b, layer), a.fc, n, c, 4 * c);
-    k_.gelu_forward(a.fc, a.gelu, n * 4 * c);
-    k_.linear_forward(a.gelu, param(param_role::mlp_proj_w, layer), nullptr, tmp_.get(), n, 4 * c, c);
+    k_.linear_forward(a.ln2, param(param_role::fc_w, layer), param(param_role::fc_b, layer), a.fc, n, c, 4 * cl);
+    k_.gelu_forward(a.fc, a.gelu, n * 4 * cl);
+    k_.linear_forward(a.gelu, param(param_role::mlp_proj_w, layer), nullptr, tmp_.get(), n, 4 * cl, c);
+    sum_over_tp(tmp_.get(), n * c);
     k_.residual_add(a.x2, tmp_.get(), param(param_role::mlp_proj_b, layer), a.out, n, c);
   }
 
@@ -371,57 +469,68 @@ class one_gpu_model {
   void layer_backward(std::size_t l) {
     const layer_view a = view(l);
     const int layer = static_cast<int>(l);
-    const std::size_t c = c_, n = n_, d = c_ / heads_, nc = n_ * c_;
+    const std::size_t c = c_, cl = cl_, n = n_, d = c_ / heads_, h = local_heads_, nc = n_ * c_, ncl = n_ * cl_;
     auto copy = [&](T* to, const T* from, std::size_t count) {
       WEFT_CHECK_CUDA(cudaMemcpyAsync(to, from, count * sizeof(T), cudaMemcpyDeviceToDevice, k_.stream()));
     };
     // MLP: y = x2 + c_proj(gelu(c_fc(ln_2(x2)))).
     copy(dy_.get(), dx_.get(), nc);
-    k_.linear_backward_input(param(param_role::mlp_proj_w, layer), dy_.get(), dgelu_.get(), n, 4 * c, c);
-    k_.gelu_backward(a.fc, dgelu_.get(), dfc_.get(), n * 4 * c);
-    k_.linear_backward_input(param(param_role::fc_w, layer), dfc_.get(), dln2_.get(), n, c, 4 * c);
+    k_.linear_backward_input(param(param_role::mlp_proj_w, layer), dy_.get(), dgelu_.get(), n, 4 * cl, c);
+    k_.gelu_backward(a.fc, dgelu_.get(), dfc_.get(), n * 4 * cl);
+    k_.linear_backward_input(param(param_role::fc_w, layer), dfc_.get(), dln2_.get(), n, c, 4 * cl);
+    sum_over_tp(dln2_.get(), nc);  // ln_2's output feeds every rank's slice of c_fc
     k_.layernorm_backward_input(a.x2, param(param_role::ln_2_w, layer), a.mean2, a.rstd2, dln2_.get(), dx_.get(), n, c);
     copy(dx2_.get(), dx_.get(), nc);
     // Attention: x2 = x + c_proj(attention(c_attn(ln_1(x)))).
     if constexpr (is_bf16) {
-      k_.linear_backward_input(param(param_role::attn_proj_w, layer), dx2_.get(), dattn_products_.get(), n, c, c);
-      k_.convert(dattn_products_.get(), dattn_.get(), nc);
+      k_.linear_backward_input(param(param_role::attn_proj_w, layer), dx2_.get(), dattn_products_.get(), n, cl, c);
+      k_.convert(dattn_products_.get(), dattn_.get(), ncl);
     } else {
-      k_.linear_backward_input(param(param_role::attn_proj_w, layer), dx2_.get(), dattn_.get(), n, c, c);
+      k_.linear_backward_input(param(param_role::attn_proj_w, layer), dx2_.get(), dattn_.get(), n, cl, c);
     }
     for (float* g : {dq_.get(), dk_.get(), dv_.get()})
-      WEFT_CHECK_CUDA(cudaMemsetAsync(g, 0, nc * sizeof(float), k_.stream()));
+      WEFT_CHECK_CUDA(cudaMemsetAsync(g, 0, ncl * sizeof(float), k_.stream()));
     for (std::size_t b = 0; b < b_; ++b) {
-      const std::size_t o = b * t_ * c;
-      k_.attention_backward(a.q + o, a.k + o, a.v + o, sequence_positions_.get(), sequence_positions_.get(), t_, t_,
-                            heads_, d, softmax_scale(), true, a.attn + o, a.lse + b * t_ * heads_, dattn_.get() + o,
-                            dq_.get() + o, dk_.get() + o, dv_.get() + o);
+      const std::size_t o = b * t_ * cl;
+      k_.attention_backward(a.q + o, a.k + o, a.v + o, sequence_positions_.get(), sequence_positions_.get(), t_, t_, h,
+                            d, softmax_scale(), true, a.attn + o, a.lse + b * t_ * h, dattn_.get() + o, dq_.get() + o,
+                            dk_.get() + o, dv_.get() + o);
     }
-    copy_columns(dqkv_.get(), 3 * c, dq_.get(), c, c);
-    copy_columns(dqkv_.get() + c, 3 * c, dk_.get(), c, c);
-    copy_columns(dqkv_.get() + 2 * c, 3 * c, dv_.get(), c, c);
-    k_.linear_backward_input(param(param_role::attn_w, layer), dqkv_.get(), dln1_.get(), n, c, 3 * c);
+    copy_columns(dqkv_.get(), 3 * cl, dq_.get(), cl, cl);
+    copy_columns(dqkv_.get() + cl, 3 * cl, dk_.get(), cl, cl);
+    copy_columns(dqkv_.get() + 2 * cl, 3 * cl, dv_.get(), cl, cl);
+    k_.linear_backward_input(param(param_role::attn_w, layer), dqkv_.get(), dln1_.get(), n, c, 3 * cl);
+    sum_over_tp(dln1_.get(), nc);  // ln_1's output feeds every rank's heads
     k_.layernorm_backward_input(a.x, param(param_role::ln_1_w, layer), a.mean1, a.rstd1, dln1_.get(), dx_.get(), n, c);
     // The parameter gradients, in gpt_model::layer_backward_weight's order.
     k_.column_sums(dy_.get(), grad(param_role::mlp_proj_b, layer), n, c);
-    weight_gradients(a.gelu, dy_.get(), grad(param_role::mlp_proj_w, layer), nullptr, 4 * c, c);
-    weight_gradients(a.ln2, dfc_.get(), grad(param_role::fc_w, layer), grad(param_role::fc_b, layer), c, 4 * c);
+    weight_gradients(a.gelu, dy_.get(), grad(param_role::mlp_proj_w, layer), nullptr, 4 * cl, c);
+    weight_gradients(a.ln2, dfc_.get(), grad(param_role::fc_w, layer), grad(param_role::fc_b, layer), c, 4 * cl);
     k_.layernorm_backward_params(a.x2, a.mean2, a.rstd2, dln2_.get(), grad(param_role::ln_2_w, layer),
                                  grad(param_role::ln_2_b, layer), n, c);
     k_.column_sums(dx2_.get(), grad(param_role::attn_proj_b, layer), n, c);
-    weight_gradients(a.attn_products, dx2_.get(), grad(param_role::attn_proj_w, layer), nullptr, c, c);
-    weight_gradients(a.ln1, dqkv_.get(), grad(param_role::attn_w, layer), grad(param_role::attn_b, layer), c, 3 * c);
+    weight_gradients(a.attn_products, dx2_.get(), grad(param_role::attn_proj_w, layer), nullptr, cl, c);
+    weight_gradients(a.ln1, dqkv_.get(), grad(param_role::attn_w, layer), grad(param_role::attn_b, layer), c, 3 * cl);
     k_.layernorm_backward_params(a.x, a.mean1, a.rstd1, dln1_.get(), grad(param_role::ln_1_w, layer),
                                  grad(param_role::ln_1_b, layer), n, c);
   }
 
   gpt_config m_;
   cuda::kernels& k_;
+  model_place place_;
+  nccl_comm* tp_;  // null with tp 1
   std::vector<param_spec> specs_;
   model_storage storage_;
-  std::vector<std::size_t> offsets_;  // each parameter's place in the parameter buffer
-  std::size_t total_ = 0, moments_ = 0, c_ = 0, t_ = 0, b_ = 0, n_ = 0, heads_ = 0, layers_ = 0, vocab_ = 0, padded_vocab_ = 0,
-              chunk_rows_ = 1;
+  weft::tp::vocab_partition vocab_block_;  // the rows of wte this rank holds
+  std::vector<std::size_t> offsets_;       // each parameter's place in the parameter buffer
+  // c_: the hidden size; cl_: the rank's slice of it (c / tp); vocab_: the real tokens of the
+  // rank's vocabulary block; padded_vocab_: the block's rows.
+  std::size_t total_ = 0, moments_ = 0, c_ = 0, cl_ = 0, t_ = 0, b_ = 0, n_ = 0, heads_ = 0, local_heads_ = 0,
+              layers_ = 0, vocab_ = 0, padded_vocab_ = 0, chunk_rows_ = 1;
+  std::vector<std::int32_t> local_tokens_;    // tp: the micro-batch's tokens relative to the block
+  std::vector<nccl_comm::request> pending_;   // the step's sums over tp, until settle()
+  device_ptr<float> row_max_;                 // tp: the loss's row maxima
+  device_ptr<double> row_sums_;               // tp: its exp sums and label logits
   device_ptr<float> m1_, m2_;
   device_ptr<T> working_;  // bf16 only
   device_ptr<T> stream_, ln1_, ln2_, x2_, fc_, gelu_, head_ln_, head_dh_, qkv_, dqkv_, tmp_, dx_, dy_, dx2_, dln1_,
@@ -442,9 +551,15 @@ struct stream_deleter {
 /// after the step's last kernel, so the file holds exactly what the next step starts from.
 template <class T>
 void save_checkpoint(one_gpu_model<T>& model, const options& o, const gpt_config& m, const run_layout& r,
-                     const whole_index& index, const corpus& data, std::int64_t step, std::int64_t sequence) {
+                     const whole_index& index, const corpus& data, std::int64_t step, std::int64_t sequence,
+                     bool writer) {
   using state = typename one_gpu_model<T>::state;
-  weft::checkpoint::checkpoint_file weights{config_metadata(m), whole_records(index, model.whole_state(index, state::params))};
+  // Collective over tp: every rank gathers; the writer alone writes.
+  std::vector<float> params = model.whole_state(index, state::params);
+  std::vector<float> exp_avg = model.whole_state(index, state::exp_avg);
+  std::vector<float> exp_avg_sq = model.whole_state(index, state::exp_avg_sq);
+  if (!writer) return;
+  weft::checkpoint::checkpoint_file weights{config_metadata(m), whole_records(index, params)};
   weft::checkpoint::checkpoint_file optimizer;
   optimizer.metadata = {{"step", std::to_string(step)},
                         {"seed", std::to_string(o.seed)},
@@ -452,12 +567,11 @@ void save_checkpoint(one_gpu_model<T>& model, const options& o, const gpt_config
                         {"data_position", data.sampled() ? "step " + std::to_string(step) + " of the (seed, step) sampler"
                                                          : "sequence " + std::to_string(sequence) + " of the token stream"},
                         {"data_sequence", std::to_string(sequence)},
-                        {"layout", "tp 1 pp 1 dp " + std::to_string(r.degrees().dp) + " cp 1"},
+                        {"layout", "tp " + std::to_string(r.degrees().tp) + " pp 1 dp " + std::to_string(r.degrees().dp) +
+                                       " cp 1"},
                         {"precision", o.precision == precision_kind::bf16 ? "bf16" : "fp32"}};
-  for (state which : {state::exp_avg, state::exp_avg_sq})
-    for (auto& record : whole_records(index, model.whole_state(index, which),
-                                      which == state::exp_avg ? "exp_avg." : "exp_avg_sq."))
-      optimizer.tensors.push_back(std::move(record));
+  for (auto& record : whole_records(index, exp_avg, "exp_avg.")) optimizer.tensors.push_back(std::move(record));
+  for (auto& record : whole_records(index, exp_avg_sq, "exp_avg_sq.")) optimizer.tensors.push_back(std::move(record));
   // The state first and the model last, as the CPU trainer writes them: a model file is never
   // newer than its state.
   weft::checkpoint::write_safetensors(optimizer_path(*o.save), optimizer);
@@ -530,12 +644,22 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
   using clock = std::chrono::steady_clock;
   constexpr const char* precision = std::is_same_v<T, cuda::bf16> ? "bf16" : "fp32";
   cudaStream_t raw = nullptr;
-  // The dp group over NCCL (each rank's GPU chosen by its local rank; the unique id sent over MPI).
-  weft::communicator<weft::nccl_backend> dp = weft::nccl_world();
-  if (o.comm_timeout) dp.set_timeout(*o.comm_timeout);
-  const int rank = dp.rank();
+  // Every rank over NCCL (each rank's GPU chosen by its local rank; the unique id sent over MPI),
+  // split into the layout's groups: tp and dp (Megatron's rank order, as the CPU trainer's).
+  nccl_comm world = weft::nccl_world();
+  if (o.comm_timeout) world.set_timeout(*o.comm_timeout);
+  const int rank = world.rank();
+  // The compute stream (on the GPU nccl_world selected) outlives the groups, whose tp
+  // communicator enqueues on it.
   WEFT_CHECK_CUDA(cudaStreamCreateWithFlags(&raw, cudaStreamNonBlocking));
   const std::unique_ptr<CUstream_st, stream_deleter> stream(raw);
+  weft::process_groups<weft::nccl_backend> groups(world, weft::layout::rank_layout(r.degrees()));
+  nccl_comm& dp = groups.get(weft::layout::group_kind::dp_cp);
+  nccl_comm& tp = groups.tp();
+  const weft::layout::rank_coordinates coords = groups.coordinates();
+  const model_place place{.tp_rank = coords.tp, .tp = r.degrees().tp};
+  // The sums over tp sit between kernels of one micro-batch: on the compute stream itself.
+  if (place.tp > 1) tp.native().use_stream(stream.get());
   cuda::kernels k(stream.get(), cuda::gemm_math::fp32);
   // The gradients: the synchronizer's device buffer (fp32 in both precisions, so they are reduced
   // in fp32), summed over dp after the step's last micro-batch (the loss is already divided by
@@ -550,7 +674,7 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
                                                  .shard_optimizer_state = o.zero1,
                                                  .warn_if_not_overlapped = false});
   sync.set_compute_stream(stream.get());
-  const std::vector<param_spec> specs = rank_parameters(m, model_place{});
+  const std::vector<param_spec> specs = rank_parameters(m, place);
   for (const param_spec& p : specs) sync.add_param(p.name, p.local_elements);
   sync.freeze();
   // The parameters in a device buffer laid out by the same plan (what gather_params fills).
@@ -572,7 +696,7 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
       storage.optimizer.push_back(
           {i, 0, specs[i].local_elements, static_cast<std::size_t>(storage.param[i] - storage.params)});
   }
-  one_gpu_model<T> model(m, r.choice.micro_batch, k, std::move(storage));
+  one_gpu_model<T> model(m, r.choice.micro_batch, k, std::move(storage), place, &tp);
   const whole_index index(m);
   // Where the run starts: step 0 and the first sequence, or the checkpoint's step and position.
   std::int64_t first_step = 0, first_sequence = 0;
@@ -598,14 +722,17 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
   double first_loss = 0, last_loss = 0;
   if (rank == 0)
     std::printf("train_gpt: %d layers, hidden %d, %d heads, vocab %d, seq %d (%.2f M parameters) on %d GPU(s) in %s: "
-                "dp %d%s, global batch %d = %d micro-batch(es) of %d per dp rank\n",
-                m.layers, m.hidden, m.heads, m.vocab, m.seq, static_cast<double>(m.parameter_count()) / 1e6, dp.size(),
-                precision, dp.size(), o.zero1 ? " +zero1" : "", r.global_batch, r.micro_batches, r.choice.micro_batch);
+                "tp %d dp %d%s, global batch %d = %d micro-batch(es) of %d per dp rank\n",
+                m.layers, m.hidden, m.heads, m.vocab, m.seq, static_cast<double>(m.parameter_count()) / 1e6,
+                world.size(), precision, tp.size(), dp.size(), o.zero1 ? " +zero1" : "", r.global_batch,
+                r.micro_batches, r.choice.micro_batch);
   const auto run_start = clock::now();
   for (std::int64_t step = first_step; step < o.steps; ++step) {
     const auto t0 = clock::now();
     const data_position at = position(step);
-    const std::vector<std::int32_t> slice = data.sequences(at, static_cast<std::int64_t>(rank) * per_dp, per_dp, m.seq);
+    // The dp rank's sequences (every tp rank of a dp group reads the same).
+    const std::vector<std::int32_t> slice =
+        data.sequences(at, static_cast<std::int64_t>(coords.dp) * per_dp, per_dp, m.seq);
     for (int mb = 0; mb < r.micro_batches; ++mb) {
       // Row i of the micro-batch is token i % seq of its sequence i / seq (trainer::fill_batches without cp or sp).
       for (std::size_t i = 0; i < n; ++i) {
@@ -623,11 +750,14 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
     WEFT_CHECK_CUDA(cudaMemcpyAsync(host_losses.data(), row_losses.get(), host_losses.size() * sizeof(double),
                                     cudaMemcpyDeviceToHost, stream.get()));
     std::optional<weft::checkpoint::checkpoint_file> dump;
+    // Gathered by every tp group (a collective over tp), written by rank 0.
+    std::vector<float> dumped_gradients;
+    if (o.dump_grads) dumped_gradients = model.whole_gradients(index);
     if (o.dump_grads && rank == 0) {
       // trainer::dump_gradients' file: whole gradients (after the dp sum), then the whole global
       // batch's input_ids and labels, and the loss.
       const std::vector<std::int32_t> all = data.sequences(at, 0, r.global_batch, m.seq);
-      dump.emplace(weft::checkpoint::checkpoint_file{config_metadata(m), whole_records(index, model.whole_gradients(index))});
+      dump.emplace(weft::checkpoint::checkpoint_file{config_metadata(m), whole_records(index, dumped_gradients)});
       std::vector<std::int64_t> ids, next;
       for (int s = 0; s < r.global_batch; ++s)
         for (int t = 0; t < m.seq; ++t) {
@@ -648,6 +778,7 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
     model.refresh_working_copy();
     sync.zero_grad();
     WEFT_CHECK_CUDA(cudaStreamSynchronize(stream.get()));
+    model.settle();
     // Summed as the CPU trainer sums them: each micro-batch's rows in order, the micro-batches,
     // then the ranks.
     double loss = 0;
@@ -666,9 +797,10 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
       weft::checkpoint::write_safetensors(*o.dump_grads, *dump);
     }
     const bool last = step + 1 == o.steps;
-    // Every dp rank holds the same weights and moments: rank 0's are the checkpoint.
-    if (o.save && rank == 0 && (last || (o.save_every > 0 && (step + 1) % o.save_every == 0)))
-      save_checkpoint(model, o, m, r, index, data, step + 1, position(step + 1).sequence);
+    // Every dp rank holds the same weights and moments: rank 0's tp group's are the checkpoint
+    // (every tp group gathers its slices; rank 0 writes).
+    if (o.save && (last || (o.save_every > 0 && (step + 1) % o.save_every == 0)))
+      save_checkpoint(model, o, m, r, index, data, step + 1, position(step + 1).sequence, rank == 0);
     const double step_s = std::chrono::duration<double>(clock::now() - t0).count();
     step_times.push_back(step_s);
     if (step == first_step) first_loss = loss;
@@ -681,12 +813,12 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
   }
   if (rank == 0) {
     const double median = median_step_seconds(step_times);
-    std::printf("done: %lld steps, loss %.4f -> %.4f, median step %.1f ms, %.0f tokens/s, %.1f s in all (dp %d on "
-                "GPUs, %s, %d micro-batches of %d)\n",
+    std::printf("done: %lld steps, loss %.4f -> %.4f, median step %.1f ms, %.0f tokens/s, %.1f s in all (tp %d dp %d "
+                "on GPUs, %s, %d micro-batches of %d)\n",
                 static_cast<long long>(o.steps - first_step), first_loss, last_loss, median * 1e3,
                 median > 0 ? tokens_per_step / median : 0.0,
-                std::chrono::duration<double>(clock::now() - run_start).count(), dp.size(), precision, r.micro_batches,
-                r.choice.micro_batch);
+                std::chrono::duration<double>(clock::now() - run_start).count(), tp.size(), dp.size(), precision,
+                r.micro_batches, r.choice.micro_batch);
   }
   return 0;
 }

@@ -43,9 +43,11 @@ class process_groups {
       const layout::rank_group& group = groups_[i];
       const layout::group_kind kind = layout::all_group_kinds[i];
       std::string name(layout::to_string(kind));
-      if (layout_.group_size(kind) == 1 && self_is_local) {
-        if (group.member()) comms_[i].emplace(B::comm::self(), std::move(name), world.checks());
-        continue;
+      if constexpr (self_is_local) {  // a backend without a local self communicator splits for these too
+        if (layout_.group_size(kind) == 1) {
+          if (group.member()) comms_[i].emplace(B::comm::self(), std::move(name), world.checks());
+          continue;
+        }
       }
       comms_[i] = world.split(group.member() ? group.index : -1, group.member() ? group.position : 0, std::move(name));
     }
