@@ -1,6 +1,6 @@
 #pragma once
-// What the trainer on GPUs (cuda/trainer.cpp) takes: data and tensor parallelism without sequence
-// parallelism (one GPU a rank), fp32
+// What the trainer on GPUs (cuda/trainer.cpp) takes: data and tensor parallelism, with or without
+// sequence parallelism (one GPU a rank), fp32
 // or bf16, the dense model, every activation on each GPU and the optimizer state whole or as a
 // ZeRO-1 shard, the checkpoint files of --save and --resume (without ZeRO-1); no distributed checkpoints, initial weights from a
 // file, validation, traces or JSON logs. A pure check of the flags and the resolved layout, so its
@@ -20,20 +20,15 @@
 namespace train_gpt {
 
 /// Why the trainer on the GPU does not take this run (what to do instead), or nothing when it
-/// does. `degrees` is the resolved layout (dp derived from the ranks) of `world_size` ranks;
-/// `sequence_parallel`: whether the run would split the sequence over tp (the flag, or --plan's choice).
+/// does. `degrees` is the resolved layout (dp derived from the ranks) of `world_size` ranks.
 inline std::optional<std::string> cuda_trainer_refusal(const options& o, const weft::layout::layout_spec& degrees,
-                                                       int world_size, bool sequence_parallel) {
+                                                       int world_size) {
   const auto& d = degrees;
   if (d.pp != 1 || d.cp != 1 || d.ep != 1 || d.virtual_stages != 1)
     return "the trainer on the GPU runs data and tensor parallelism (pp and cp 1, one GPU a rank), and this run has " +
            std::to_string(world_size) + " ranks as tp " + std::to_string(d.tp) + " pp " + std::to_string(d.pp) +
            " dp " + std::to_string(d.dp) + " cp " + std::to_string(d.cp) +
            ": use --dp and --tp alone, or --device cpu for pipeline and context parallelism";
-  if (d.tp > 1 && sequence_parallel)
-    return std::string("the trainer on the GPU runs tensor parallelism without sequence parallelism (each tp rank "
-                       "keeps every token's activations outside the attention and MLP blocks): drop "
-                       "--sequence-parallel, or use --device cpu");
   if (o.model.moe_experts > 0)
     return std::string("the trainer on the GPU runs the dense model (no mixture of experts on it yet): drop "
                        "--moe-experts, or use --device cpu");

@@ -97,7 +97,7 @@ train_gpt::device_kind job_device(const train_gpt::options& o, const train_gpt::
                                   weft::communicator<weft::mpi_backend>& world) {
   using train_gpt::device_kind;
   train_gpt::cuda_availability job = train_gpt::probe_cuda(/*count_devices=*/false);
-  job.trainer_refusal = train_gpt::cuda_trainer_refusal(o, layout.degrees(), world.size(), layout.sequence_parallel());
+  job.trainer_refusal = train_gpt::cuda_trainer_refusal(o, layout.degrees(), world.size());
   const bool machine_decides =
       job.runtime && (o.device == device_kind::cuda ||
                       (o.device == device_kind::automatic &&

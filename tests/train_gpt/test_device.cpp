@@ -103,26 +103,22 @@ TEST_CASE("--precision bf16 is refused where the run trains on the CPU") {
 TEST_CASE("the trainer on GPUs takes data and tensor parallelism in fp32 or bf16 with --save and --resume, and says "
           "what to do otherwise") {
   options o;
-  CHECK_FALSE(cuda_trainer_refusal(o, one_rank(), 1, false).has_value());
+  CHECK_FALSE(cuda_trainer_refusal(o, one_rank(), 1).has_value());
   o.micro_batch = 4;
   o.global_batch = 8;  // gradient accumulation is the GPU trainer's too
-  CHECK_FALSE(cuda_trainer_refusal(o, one_rank(), 1, false).has_value());
+  CHECK_FALSE(cuda_trainer_refusal(o, one_rank(), 1).has_value());
 
-  // Data and tensor parallelism are the GPU trainer's (the synchronizer and the sums over tp on
-  // NCCL); the other degrees, and sequence parallelism, are not.
+  // Data and tensor parallelism (with sequence parallelism or without) are the GPU trainer's (the
+  // synchronizer and the sums over tp on NCCL); the other degrees are not.
   weft::layout::layout_spec dp2 = one_rank();
   dp2.world_size = 2, dp2.dp = 2;
-  CHECK_FALSE(cuda_trainer_refusal(o, dp2, 2, false).has_value());
+  CHECK_FALSE(cuda_trainer_refusal(o, dp2, 2).has_value());
   weft::layout::layout_spec tp2 = one_rank();
   tp2.world_size = 2, tp2.tp = 2;
-  CHECK_FALSE(cuda_trainer_refusal(o, tp2, 2, false).has_value());
-  CHECK(cuda_trainer_refusal(o, tp2, 2, true) ==
-        std::string("the trainer on the GPU runs tensor parallelism without sequence parallelism (each tp rank keeps "
-                    "every token's activations outside the attention and MLP blocks): drop --sequence-parallel, or "
-                    "use --device cpu"));
+  CHECK_FALSE(cuda_trainer_refusal(o, tp2, 2).has_value());
   weft::layout::layout_spec pp2 = one_rank();
   pp2.world_size = 2, pp2.pp = 2;
-  CHECK(cuda_trainer_refusal(o, pp2, 2, false) ==
+  CHECK(cuda_trainer_refusal(o, pp2, 2) ==
         std::string("the trainer on the GPU runs data and tensor parallelism (pp and cp 1, one GPU a rank), and this "
                     "run has 2 ranks as tp 1 pp 2 dp 1 cp 1: use --dp and --tp alone, or --device cpu for pipeline and "
                     "context parallelism"));
@@ -130,41 +126,41 @@ TEST_CASE("the trainer on GPUs takes data and tensor parallelism in fp32 or bf16
                                                  &weft::layout::layout_spec::virtual_stages}) {
     weft::layout::layout_spec d = one_rank();
     d.*degree = 2;
-    CHECK(cuda_trainer_refusal(o, d, 2, false).value_or("").find("runs data and tensor parallelism (pp and cp 1") !=
+    CHECK(cuda_trainer_refusal(o, d, 2).value_or("").find("runs data and tensor parallelism (pp and cp 1") !=
           std::string::npos);
   }
 
   // bf16 on GPT-2's shapes (the default model's, and GPT-2 small's vocabulary padded to 50304).
   options bf16;
   bf16.precision = precision_kind::bf16;
-  CHECK_FALSE(cuda_trainer_refusal(bf16, one_rank(), 1, false).has_value());
+  CHECK_FALSE(cuda_trainer_refusal(bf16, one_rank(), 1).has_value());
   bf16.model.vocab = 50257;
   bf16.model.hidden = 768;
-  CHECK_FALSE(cuda_trainer_refusal(bf16, dp2, 2, false).has_value());
+  CHECK_FALSE(cuda_trainer_refusal(bf16, dp2, 2).has_value());
   // Its products need rows of 16 bytes: the hidden size and the padded vocabulary multiples of 8.
   bf16.model.hidden = 100;
-  CHECK(cuda_trainer_refusal(bf16, one_rank(), 1, false) ==
+  CHECK(cuda_trainer_refusal(bf16, one_rank(), 1) ==
         std::string("--precision bf16 needs --hidden a multiple of 8 (the bf16 products read rows of 16 bytes), and it "
                     "is 100: give --hidden 104, or train in fp32"));
   bf16.precision = precision_kind::fp32;
-  CHECK_FALSE(cuda_trainer_refusal(bf16, one_rank(), 1, false).has_value());  // fp32 takes any size
+  CHECK_FALSE(cuda_trainer_refusal(bf16, one_rank(), 1).has_value());  // fp32 takes any size
   bf16.precision = precision_kind::bf16;
   bf16.model.hidden = 768;
   bf16.model.vocab_divisible_by = 1;
-  CHECK(cuda_trainer_refusal(bf16, one_rank(), 1, false).value_or("").find(
+  CHECK(cuda_trainer_refusal(bf16, one_rank(), 1).value_or("").find(
             "--vocab 50257 padded to a multiple of --make-vocab-size-divisible-by 1 is not: give "
             "--make-vocab-size-divisible-by 8") != std::string::npos);
   bf16.model.vocab_divisible_by = 8;
-  CHECK_FALSE(cuda_trainer_refusal(bf16, one_rank(), 1, false).has_value());  // 50264
+  CHECK_FALSE(cuda_trainer_refusal(bf16, one_rank(), 1).has_value());  // 50264
   bf16.model.vocab = 256;
   bf16.model.vocab_divisible_by = 1;
-  CHECK_FALSE(cuda_trainer_refusal(bf16, one_rank(), 1, false).has_value());  // 256 itself
+  CHECK_FALSE(cuda_trainer_refusal(bf16, one_rank(), 1).has_value());  // 256 itself
   // Under tp the products' rows are each rank's slices: hidden / tp and its block of the vocabulary.
   bf16.model.vocab = 50257;
   bf16.model.vocab_divisible_by = 128;
-  CHECK_FALSE(cuda_trainer_refusal(bf16, tp2, 2, false).has_value());  // 768 / 2, 50304 / 2
+  CHECK_FALSE(cuda_trainer_refusal(bf16, tp2, 2).has_value());  // 768 / 2, 50304 / 2
   bf16.model.hidden = 72;  // 36 a rank
-  CHECK(cuda_trainer_refusal(bf16, tp2, 2, false) ==
+  CHECK(cuda_trainer_refusal(bf16, tp2, 2) ==
         std::string("--precision bf16 with --tp 2 needs --hidden a multiple of 16 (each rank's slice, hidden / tp, is "
                     "a row of the bf16 products, which read rows of 16 bytes), and it is 72: give --hidden 80, or "
                     "train in fp32"));
@@ -173,55 +169,55 @@ TEST_CASE("the trainer on GPUs takes data and tensor parallelism in fp32 or bf16
   bf16.model.vocab_divisible_by = 4;  // 256 whole (a multiple of 8), but blocks of 4 x k over tp 4: 64 a rank
   weft::layout::layout_spec tp4 = one_rank();
   tp4.world_size = 4, tp4.tp = 4;
-  CHECK_FALSE(cuda_trainer_refusal(bf16, tp4, 4, false).has_value());
+  CHECK_FALSE(cuda_trainer_refusal(bf16, tp4, 4).has_value());
   bf16.model.vocab = 250;  // padded to 256 over tp 4 (multiples of 16): 64 a rank
-  CHECK_FALSE(cuda_trainer_refusal(bf16, tp4, 4, false).has_value());
+  CHECK_FALSE(cuda_trainer_refusal(bf16, tp4, 4).has_value());
   bf16.model.vocab = 258;  // padded to 272: 68 a rank
-  CHECK(cuda_trainer_refusal(bf16, tp4, 4, false).value_or("").find(
+  CHECK(cuda_trainer_refusal(bf16, tp4, 4).value_or("").find(
             "--vocab 258 padded to a multiple of --make-vocab-size-divisible-by 4 x tp 4 gives each rank a block that "
             "is not: give --make-vocab-size-divisible-by 8") != std::string::npos);
   options experts;
   experts.model.moe_experts = 4;
-  CHECK(cuda_trainer_refusal(experts, one_rank(), 1, false).value_or("").find("drop --moe-experts") != std::string::npos);
+  CHECK(cuda_trainer_refusal(experts, one_rank(), 1).value_or("").find("drop --moe-experts") != std::string::npos);
   options zero3;
   zero3.sharding = weft::tune::sharding::full;
-  CHECK(cuda_trainer_refusal(zero3, one_rank(), 1, false).value_or("").find("use --sharding none or zero1") !=
+  CHECK(cuda_trainer_refusal(zero3, one_rank(), 1).value_or("").find("use --sharding none or zero1") !=
         std::string::npos);
   zero3.sharding = weft::tune::sharding::gradients;
-  CHECK(cuda_trainer_refusal(zero3, dp2, 2, false).value_or("").find("use --sharding none or zero1") != std::string::npos);
+  CHECK(cuda_trainer_refusal(zero3, dp2, 2).value_or("").find("use --sharding none or zero1") != std::string::npos);
   // ZeRO-1 is the GPU trainer's, without what needs its shards whole.
   options zero1;
   zero1.sharding = weft::tune::sharding::optimizer;
   zero1.zero1 = true;
-  CHECK_FALSE(cuda_trainer_refusal(zero1, dp2, 2, false).has_value());
+  CHECK_FALSE(cuda_trainer_refusal(zero1, dp2, 2).has_value());
   zero1.precision = precision_kind::bf16;
-  CHECK_FALSE(cuda_trainer_refusal(zero1, dp2, 2, false).has_value());
+  CHECK_FALSE(cuda_trainer_refusal(zero1, dp2, 2).has_value());
   zero1.save = "gpt.safetensors";
-  CHECK(cuda_trainer_refusal(zero1, dp2, 2, false) ==
+  CHECK(cuda_trainer_refusal(zero1, dp2, 2) ==
         std::string("the trainer on the GPU does not take --save with --zero1 (its optimizer state and reduced "
                     "gradients are sharded over the dp ranks, and the checkpoint files and the gradient dump hold "
                     "them whole): drop --zero1, or use --device cpu"));
   zero1.save.reset();
   zero1.resume = "gpt.safetensors";
-  CHECK(cuda_trainer_refusal(zero1, dp2, 2, false).value_or("").find("does not take --resume with --zero1") !=
+  CHECK(cuda_trainer_refusal(zero1, dp2, 2).value_or("").find("does not take --resume with --zero1") !=
         std::string::npos);
   zero1.resume.reset();
   zero1.dump_grads = "grads.safetensors";
-  CHECK(cuda_trainer_refusal(zero1, dp2, 2, false).value_or("").find("does not take --dump-grads with --zero1") !=
+  CHECK(cuda_trainer_refusal(zero1, dp2, 2).value_or("").find("does not take --dump-grads with --zero1") !=
         std::string::npos);
   options saving;
   saving.save_dir = "ckpt";
-  CHECK(cuda_trainer_refusal(saving, one_rank(), 1, false).value_or("").find("does not take --save-dir") != std::string::npos);
+  CHECK(cuda_trainer_refusal(saving, one_rank(), 1).value_or("").find("does not take --save-dir") != std::string::npos);
   options from_file;
   from_file.init_from = "gpt2.safetensors";
-  CHECK(cuda_trainer_refusal(from_file, one_rank(), 1, false).value_or("").find("does not take --init-from") !=
+  CHECK(cuda_trainer_refusal(from_file, one_rank(), 1).value_or("").find("does not take --init-from") !=
         std::string::npos);
   // The checkpoint files of --save and --resume are the GPU trainer's too.
   options resuming;
   resuming.save = "gpt.safetensors";
   resuming.save_every = 10;
   resuming.resume = "gpt.safetensors";
-  CHECK_FALSE(cuda_trainer_refusal(resuming, one_rank(), 1, false).has_value());
+  CHECK_FALSE(cuda_trainer_refusal(resuming, one_rank(), 1).has_value());
   resuming.precision = precision_kind::bf16;
-  CHECK_FALSE(cuda_trainer_refusal(resuming, dp2, 2, false).has_value());
+  CHECK_FALSE(cuda_trainer_refusal(resuming, dp2, 2).has_value());
 }

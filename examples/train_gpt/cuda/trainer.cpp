@@ -81,7 +81,10 @@ struct model_storage {
 /// One rank's GPT-2 on its GPU: the fp32 master parameters, AdamW's moments and the activations
 /// on the device; the gradients (fp32) in the synchronizer's buffer (model_storage). With tp > 1
 /// the rank holds its tp slices (rank_parameters at `place`) and sums over `tp`, whose operations
-/// are enqueued on the compute stream.
+/// are enqueued on the compute stream. With sequence parallelism (Megatron's) the rows outside
+/// the attention and MLP blocks (the residual stream, the norms, the embeddings' output) are split
+/// over tp, rank r holding rows [r n / tp, (r + 1) n / tp) of the micro-batch: each block's input
+/// is all-gathered and its partial output reduce-scattered, where without it both are one all-reduce.
 /// `T` is what the products read and write: float (--precision fp32: the parameters themselves,
 /// fp32 activations) or cuda::bf16 (--precision bf16: a bf16 copy of the parameters, refreshed
 /// after each optimizer step, and bf16 activations, every product accumulating in fp32). What
@@ -94,11 +97,12 @@ class one_gpu_model {
 
  public:
   one_gpu_model(const gpt_config& m, int micro_batch, cuda::kernels& k, model_storage storage, const model_place& place,
-                nccl_comm* tp)
+                nccl_comm* tp, bool sequence_parallel)
       : m_(m),
         k_(k),
         place_(place),
         tp_(place.tp > 1 ? tp : nullptr),
+        sp_(place.tp > 1 && sequence_parallel),
         specs_(rank_parameters(m, place)),
         storage_(std::move(storage)),
         vocab_block_(vocab_partition_of(m, place)) {
@@ -107,6 +111,11 @@ class one_gpu_model {
     t_ = static_cast<std::size_t>(m.seq);
     b_ = static_cast<std::size_t>(micro_batch);
     n_ = b_ * t_;
+    if (sp_ && n_ % static_cast<std::size_t>(place.tp) != 0)
+      throw std::logic_error("train_gpt: sequence parallelism with " + std::to_string(n_) + " rows a micro-batch over tp " +
+                             std::to_string(place.tp));
+    rows_ = sp_ ? n_ / static_cast<std::size_t>(place.tp) : n_;
+    first_row_ = sp_ ? rows_ * static_cast<std::size_t>(place.tp_rank) : 0;
     heads_ = static_cast<std::size_t>(m.heads);
     local_heads_ = heads_ / static_cast<std::size_t>(place.tp);
     layers_ = static_cast<std::size_t>(m.layers);
@@ -125,20 +134,29 @@ class one_gpu_model {
     WEFT_CHECK_CUDA(cudaMemsetAsync(m1_.get(), 0, moments_ * sizeof(float), k_.stream()));
     WEFT_CHECK_CUDA(cudaMemsetAsync(m2_.get(), 0, moments_ * sizeof(float), k_.stream()));
     if constexpr (is_bf16) working_ = device_alloc<T>(total_);
-    // nc: a full row of activations per token; ncl: the rank's tp slice of the heads or of the MLP's
-    // inner width (a quarter of it).
-    const std::size_t nc = n_ * c_, ncl = n_ * cl_, l = layers_;
-    stream_ = device_alloc<T>((l + 1) * nc);
+    // nc: every row of the micro-batch, a full row of activations per token; ncl: the rank's tp
+    // slice of the heads or of the MLP's inner width (a quarter of it); rc: the rank's rows (all of
+    // them without sequence parallelism).
+    const std::size_t nc = n_ * c_, ncl = n_ * cl_, rc = rows_ * c_, l = layers_;
+    stream_ = device_alloc<T>((l + 1) * rc);
     ln1_ = device_alloc<T>(l * nc), ln2_ = device_alloc<T>(l * nc);
     q_ = device_alloc<float>(l * ncl), k_act_ = device_alloc<float>(l * ncl), v_ = device_alloc<float>(l * ncl);
-    attn_ = device_alloc<float>(l * ncl), x2_ = device_alloc<T>(l * nc);
+    attn_ = device_alloc<float>(l * ncl), x2_ = device_alloc<T>(l * rc);
     fc_ = device_alloc<T>(l * 4 * ncl), gelu_ = device_alloc<T>(l * 4 * ncl);
-    stats_ = device_alloc<float>(4 * l * n_);  // mean and rstd of ln_1 and ln_2, per layer
+    stats_ = device_alloc<float>(4 * l * rows_);  // mean and rstd of ln_1 and ln_2, per layer
     lse_ = device_alloc<float>(l * n_ * local_heads_);
-    head_ln_ = device_alloc<T>(nc), head_stats_ = device_alloc<float>(2 * n_), head_dh_ = device_alloc<T>(nc);
+    head_ln_ = device_alloc<T>(nc), head_stats_ = device_alloc<float>(2 * rows_), head_dh_ = device_alloc<T>(nc);
     qkv_ = device_alloc<T>(3 * ncl), dqkv_ = device_alloc<T>(3 * ncl);
-    tmp_ = device_alloc<T>(nc), dx_ = device_alloc<T>(nc), dy_ = device_alloc<T>(nc);
-    dx2_ = device_alloc<T>(nc), dln1_ = device_alloc<T>(nc), dln2_ = device_alloc<T>(nc);
+    tmp_ = device_alloc<T>(nc), dx_ = device_alloc<T>(rc), dy_ = device_alloc<T>(rc);
+    dx2_ = device_alloc<T>(rc), dln1_ = device_alloc<T>(nc), dln2_ = device_alloc<T>(nc);
+    if (sp_) {
+      // The rank's rows of what is gathered or reduce-scattered, and the gathered output gradients.
+      ln_rows_ = device_alloc<T>(rc), tmp_rows_ = device_alloc<T>(rc), dln1_rows_ = device_alloc<T>(rc);
+      dln2_rows_ = device_alloc<T>(rc), head_dh_rows_ = device_alloc<T>(rc);
+      dy_all_ = device_alloc<T>(nc), dx2_all_ = device_alloc<T>(nc);
+      if (!is_bf16) embedding_rows_ = device_alloc<float>(nc);  // bf16 allocates it below
+      if (is_bf16) embedding_local_ = device_alloc<float>(rc);
+    }
     dattn_ = device_alloc<float>(ncl), dq_ = device_alloc<float>(ncl), dk_ = device_alloc<float>(ncl);
     dv_ = device_alloc<float>(ncl);
     dgelu_ = device_alloc<T>(4 * ncl), dfc_ = device_alloc<T>(4 * ncl);
@@ -228,25 +246,35 @@ class one_gpu_model {
       upload(tokens_.get(), tokens);
     }
     upload(labels_.get(), labels);
-    const std::size_t nc = n_ * c_;
-    float* embedded;  // fp32: the residual stream's first rows; bf16: fp32 rows converted after
-    if constexpr (is_bf16) embedded = embedding_rows_.get();
-    else embedded = stream_.get();
+    const std::size_t rc = rows_ * c_;
+    // The lookup covers every row (fp32: into the residual stream itself unless it is split);
+    // `embedded` ends as the rank's rows, in fp32.
+    float* all_rows;
+    if constexpr (is_bf16) all_rows = embedding_rows_.get();
+    else all_rows = sp_ ? embedding_rows_.get() : stream_.get();
+    float* embedded = all_rows;
     if (tp_ == nullptr) {
-      k_.embedding_forward(tokens_.get(), positions_.get(), master(param_role::wte), master(param_role::wpe), embedded,
+      k_.embedding_forward(tokens_.get(), positions_.get(), master(param_role::wte), master(param_role::wpe), all_rows,
                            n_, c_);
-    } else {  // the blocks' lookups summed over tp, then the positions added
-      k_.embedding_forward(tokens_.get(), positions_.get(), master(param_role::wte), nullptr, embedded, n_, c_);
-      sum_over_tp(embedded, nc);
-      k_.add_positions(positions_.get(), master(param_role::wpe), embedded, n_, c_);
+    } else {  // the blocks' lookups summed over tp (onto the rank's rows with sp), then the positions added
+      k_.embedding_forward(tokens_.get(), positions_.get(), master(param_role::wte), nullptr, all_rows, n_, c_);
+      float* own_rows = nullptr;
+      if (sp_) {
+        if constexpr (is_bf16) own_rows = embedding_local_.get();
+        else own_rows = stream_.get();
+      }
+      embedded = reduced(all_rows, own_rows);
+      k_.add_positions(positions_.get() + first_row_, master(param_role::wpe), embedded, rows_, c_);
     }
-    if constexpr (is_bf16) k_.convert(embedding_rows_.get(), stream_.get(), nc);
+    if constexpr (is_bf16) k_.convert(embedded, stream_.get(), rc);
     for (std::size_t l = 0; l < layers_; ++l) layer_forward(l);
     // The head: final norm, then the logits a chunk of rows at a time, each turned into its gradient.
-    const T* h_in = stream_.get() + layers_ * nc;
+    const T* h_in = stream_.get() + layers_ * rc;
     float* mean = head_stats_.get();
-    float* rstd = head_stats_.get() + n_;
-    k_.layernorm_forward(h_in, param(param_role::ln_f_w), param(param_role::ln_f_b), head_ln_.get(), mean, rstd, n_, c_);
+    float* rstd = head_stats_.get() + rows_;
+    T* ln_out = sp_ ? ln_rows_.get() : head_ln_.get();
+    k_.layernorm_forward(h_in, param(param_role::ln_f_w), param(param_role::ln_f_b), ln_out, mean, rstd, rows_, c_);
+    gathered(ln_out, head_ln_.get());  // every row in head_ln_ (without sp, ln_out is head_ln_)
     // vocab_: the real tokens of the rank's block (all of them with tp 1); padded_vocab_: the block's rows.
     for (std::size_t r0 = 0; r0 < n_; r0 += chunk_rows_) {
       const std::size_t rows = std::min(chunk_rows_, n_ - r0);
@@ -271,23 +299,35 @@ class one_gpu_model {
         WEFT_CHECK_CUDA(cudaMemsetAsync(dh, 0, rows * c_ * sizeof(T), k_.stream()));
       }
     }
-    sum_over_tp(head_dh_.get(), n_ * c_);  // each block's part of the final norm's output gradient
+    // Each block's part of the final norm's output gradient, summed (onto the rank's rows with sp).
+    const T* dh = reduced(head_dh_.get(), head_dh_rows_.get());
     // Backward: the final norm, the layers in reverse, the embeddings.
-    WEFT_CHECK_CUDA(cudaMemsetAsync(dx_.get(), 0, nc * sizeof(T), k_.stream()));
-    k_.layernorm_backward_input(h_in, param(param_role::ln_f_w), mean, rstd, head_dh_.get(), dx_.get(), n_, c_);
-    k_.layernorm_backward_params(h_in, mean, rstd, head_dh_.get(), grad(param_role::ln_f_w), grad(param_role::ln_f_b),
-                                 n_, c_);
+    WEFT_CHECK_CUDA(cudaMemsetAsync(dx_.get(), 0, rc * sizeof(T), k_.stream()));
+    k_.layernorm_backward_input(h_in, param(param_role::ln_f_w), mean, rstd, dh, dx_.get(), rows_, c_);
+    k_.layernorm_backward_params(h_in, mean, rstd, dh, grad(param_role::ln_f_w), grad(param_role::ln_f_b), rows_, c_);
     for (std::size_t l = layers_; l-- > 0;) layer_backward(l);
-    // Every row's gradient (whole on every tp rank): the positions' from each row, the block's
-    // tokens' from their rows (the other blocks' tokens are -1 here).
+    // Every row's gradient (gathered from the tp ranks with sp; whole on every tp rank): the
+    // positions' from each row, the block's tokens' from their rows (the other blocks' tokens are
+    // -1 here). With sp every rank thus computes wpe's whole gradient, not a partial sum.
+    const T* dx_all = gathered(dx_.get(), dy_all_.get());
     if constexpr (is_bf16) {
-      k_.convert(dx_.get(), embedding_rows_.get(), nc);
+      k_.convert(dx_all, embedding_rows_.get(), n_ * c_);
       k_.embedding_backward(tokens_.get(), positions_.get(), embedding_rows_.get(), grad(param_role::wte),
                             grad(param_role::wpe), n_, c_);
     } else {
-      k_.embedding_backward(tokens_.get(), positions_.get(), dx_.get(), grad(param_role::wte), grad(param_role::wpe),
-                            n_, c_);
+      k_.embedding_backward(tokens_.get(), positions_.get(), dx_all, grad(param_role::wte), grad(param_role::wpe), n_,
+                            c_);
     }
+  }
+
+  /// Sequence parallelism: each tp rank computed the gradients of what tp replicates inside the
+  /// split rows (the norms, the c_proj biases) from its rows alone; their sums over tp, once a
+  /// step (after the last micro-batch, before the dp reduction reads them). wpe's is whole already.
+  void sum_row_split_gradients() {
+    if (!sp_) return;
+    for (std::size_t i = 0; i < specs_.size(); ++i)
+      if (specs_[i].split == tp_split::replicated && specs_[i].role != param_role::wpe)
+        sum_over_tp(storage_.grad[i], specs_[i].local_elements);
   }
 
   /// AdamW over this rank's runs of the parameters (cpu_kernels::adamw's arithmetic, bit for bit,
@@ -345,13 +385,37 @@ class one_gpu_model {
     return whole;
   }
 
+  /// `count` elements as weft's element type (cuda::bf16 as weft::bfloat16, the same bits).
+  template <class U>
+  static auto elements(U* data, std::size_t count) {
+    using element = std::conditional_t<std::is_same_v<std::remove_const_t<U>, cuda::bf16>,
+                                       std::conditional_t<std::is_const_v<U>, const weft::bfloat16, weft::bfloat16>, U>;
+    static_assert(sizeof(element) == sizeof(U));
+    return std::span<element>(reinterpret_cast<element*>(data), count);
+  }
   /// In place, the sum over tp of `count` elements on the compute stream (nothing without tp).
   template <class U>
   void sum_over_tp(U* data, std::size_t count, weft::reduce_op op = weft::reduce_op::sum) {
     if (tp_ == nullptr) return;
-    using element = std::conditional_t<std::is_same_v<U, cuda::bf16>, weft::bfloat16, U>;
-    static_assert(sizeof(element) == sizeof(U));
-    pending_.push_back(tp_->all_reduce_async(std::span<element>(reinterpret_cast<element*>(data), count), op));
+    pending_.push_back(tp_->all_reduce_async(elements(data, count), op));
+  }
+  /// The sum over tp of `partial` (every row of the micro-batch): with sequence parallelism the
+  /// rank's rows of it, into `own_rows`; otherwise all of it, in place. Returns where it is.
+  template <class U>
+  U* reduced(U* partial, U* own_rows) {
+    if (!sp_) {
+      sum_over_tp(partial, n_ * c_);
+      return partial;
+    }
+    pending_.push_back(tp_->reduce_scatter_async(elements(std::as_const(partial), n_ * c_), elements(own_rows, rows_ * c_)));
+    return own_rows;
+  }
+  /// Every row of the micro-batch: with sequence parallelism gathered from the tp ranks' rows
+  /// (`own_rows`) into `all`; otherwise `own_rows` already is every row.
+  const T* gathered(const T* own_rows, T* all) {
+    if (!sp_) return own_rows;
+    pending_.push_back(tp_->all_gather_async(elements(own_rows, rows_ * c_), elements(all, n_ * c_)));
+    return all;
   }
 
   /// The loss of `rows` rows from r0 on logits_ (this block's real columns): cpu_kernels'
@@ -406,18 +470,18 @@ class one_gpu_model {
     float *mean1, *rstd1, *mean2, *rstd2;
   };
   layer_view view(std::size_t l) const {
-    const std::size_t nc = n_ * c_, ncl = n_ * cl_;
-    float* stats = stats_.get() + 4 * l * n_;
+    const std::size_t nc = n_ * c_, ncl = n_ * cl_, rc = rows_ * c_;
+    float* stats = stats_.get() + 4 * l * rows_;
     float* attn = attn_.get() + l * ncl;
     T* attn_products;
     if constexpr (is_bf16) attn_products = attn_products_.get() + l * ncl;
     else attn_products = attn;  // fp32: the products read attention's output itself
-    return {stream_.get() + l * nc,    stream_.get() + (l + 1) * nc, ln1_.get() + l * nc,
+    return {stream_.get() + l * rc,    stream_.get() + (l + 1) * rc, ln1_.get() + l * nc,
             q_.get() + l * ncl,        k_act_.get() + l * ncl,       v_.get() + l * ncl,
             attn,                      lse_.get() + l * n_ * local_heads_, attn_products,
-            x2_.get() + l * nc,        ln2_.get() + l * nc,          fc_.get() + 4 * l * ncl,
-            gelu_.get() + 4 * l * ncl, stats,                        stats + n_,
-            stats + 2 * n_,            stats + 3 * n_};
+            x2_.get() + l * rc,        ln2_.get() + l * nc,          fc_.get() + 4 * l * ncl,
+            gelu_.get() + 4 * l * ncl, stats,                        stats + rows_,
+            stats + 2 * rows_,         stats + 3 * rows_};
   }
   float softmax_scale() const {
     return static_cast<float>(weft::cp::softmax_scale({.heads = heads_, .head_dim = c_ / heads_}, {}));
@@ -434,13 +498,16 @@ class one_gpu_model {
 
   /// gpt_model::layer_forward: c_attn and c_fc column-parallel (the rank's heads, its quarter of
   /// the MLP's width: cl = c / tp), both c_proj row-parallel, their partial outputs summed over tp
-  /// before the (replicated) bias and the residual.
+  /// before the (replicated) bias and the residual. The norms and the residual adds run on the
+  /// rank's rows (r: all of them without sp); the blocks on every row (n).
   void layer_forward(std::size_t l) {
     const layer_view a = view(l);
     const int layer = static_cast<int>(l);
-    const std::size_t c = c_, cl = cl_, n = n_, d = c_ / heads_, h = local_heads_;
-    k_.layernorm_forward(a.x, param(param_role::ln_1_w, layer), param(param_role::ln_1_b, layer), a.ln1, a.mean1,
-                         a.rstd1, n, c);
+    const std::size_t c = c_, cl = cl_, n = n_, r = rows_, d = c_ / heads_, h = local_heads_;
+    T* ln_out = sp_ ? ln_rows_.get() : a.ln1;
+    k_.layernorm_forward(a.x, param(param_role::ln_1_w, layer), param(param_role::ln_1_b, layer), ln_out, a.mean1,
+                         a.rstd1, r, c);
+    gathered(ln_out, a.ln1);  // every row in a.ln1 (without sp, ln_out is a.ln1)
     k_.linear_forward(a.ln1, param(param_role::attn_w, layer), param(param_role::attn_b, layer), qkv_.get(), n, c,
                       3 * cl);
     copy_columns(a.q, cl, qkv_.get(), 3 * cl, cl);
@@ -453,15 +520,15 @@ class one_gpu_model {
     }
     if constexpr (is_bf16) k_.convert(a.attn, a.attn_products, n * cl);
     k_.linear_forward(a.attn_products, param(param_role::attn_proj_w, layer), nullptr, tmp_.get(), n, cl, c);
-    sum_over_tp(tmp_.get(), n * c);
-    k_.residual_add(a.x, tmp_.get(), param(param_role::attn_proj_b, layer), a.x2, n, c);
-    k_.layernorm_forward(a.x2, param(param_role::ln_2_w, layer), param(param_role::ln_2_b, layer), a.ln2, a.mean2,
-                         a.rstd2, n, c);
+    k_.residual_add(a.x, reduced(tmp_.get(), tmp_rows_.get()), param(param_role::attn_proj_b, layer), a.x2, r, c);
+    ln_out = sp_ ? ln_rows_.get() : a.ln2;
+    k_.layernorm_forward(a.x2, param(param_role::ln_2_w, layer), param(param_role::ln_2_b, layer), ln_out, a.mean2,
+                         a.rstd2, r, c);
+    gathered(ln_out, a.ln2);
     k_.linear_forward(a.ln2, param(param_role::fc_w, layer), param(param_role::fc_b, layer), a.fc, n, c, 4 * cl);
     k_.gelu_forward(a.fc, a.gelu, n * 4 * cl);
     k_.linear_forward(a.gelu, param(param_role::mlp_proj_w, layer), nullptr, tmp_.get(), n, 4 * cl, c);
-    sum_over_tp(tmp_.get(), n * c);
-    k_.residual_add(a.x2, tmp_.get(), param(param_role::mlp_proj_b, layer), a.out, n, c);
+    k_.residual_add(a.x2, reduced(tmp_.get(), tmp_rows_.get()), param(param_role::mlp_proj_b, layer), a.out, r, c);
   }
 
   /// gpt_model::layer_backward_input and layer_backward_weight on one rank: dx_ holds the
@@ -469,24 +536,29 @@ class one_gpu_model {
   void layer_backward(std::size_t l) {
     const layer_view a = view(l);
     const int layer = static_cast<int>(l);
-    const std::size_t c = c_, cl = cl_, n = n_, d = c_ / heads_, h = local_heads_, nc = n_ * c_, ncl = n_ * cl_;
+    const std::size_t c = c_, cl = cl_, n = n_, r = rows_, d = c_ / heads_, h = local_heads_, rc = rows_ * c_,
+                      ncl = n_ * cl_;
     auto copy = [&](T* to, const T* from, std::size_t count) {
       WEFT_CHECK_CUDA(cudaMemcpyAsync(to, from, count * sizeof(T), cudaMemcpyDeviceToDevice, k_.stream()));
     };
     // MLP: y = x2 + c_proj(gelu(c_fc(ln_2(x2)))).
-    copy(dy_.get(), dx_.get(), nc);
-    k_.linear_backward_input(param(param_role::mlp_proj_w, layer), dy_.get(), dgelu_.get(), n, 4 * cl, c);
+    // The output gradients of the rank's rows (dy_, dx2_), and of every row for the blocks (dy, dx2).
+    copy(dy_.get(), dx_.get(), rc);
+    const T* dy = gathered(dy_.get(), dy_all_.get());
+    k_.linear_backward_input(param(param_role::mlp_proj_w, layer), dy, dgelu_.get(), n, 4 * cl, c);
     k_.gelu_backward(a.fc, dgelu_.get(), dfc_.get(), n * 4 * cl);
     k_.linear_backward_input(param(param_role::fc_w, layer), dfc_.get(), dln2_.get(), n, c, 4 * cl);
-    sum_over_tp(dln2_.get(), nc);  // ln_2's output feeds every rank's slice of c_fc
-    k_.layernorm_backward_input(a.x2, param(param_role::ln_2_w, layer), a.mean2, a.rstd2, dln2_.get(), dx_.get(), n, c);
-    copy(dx2_.get(), dx_.get(), nc);
+    // ln_2's output fed every rank's slice of c_fc: its gradient is their sum.
+    const T* dln2 = reduced(dln2_.get(), dln2_rows_.get());
+    k_.layernorm_backward_input(a.x2, param(param_role::ln_2_w, layer), a.mean2, a.rstd2, dln2, dx_.get(), r, c);
+    copy(dx2_.get(), dx_.get(), rc);
+    const T* dx2 = gathered(dx2_.get(), dx2_all_.get());
     // Attention: x2 = x + c_proj(attention(c_attn(ln_1(x)))).
     if constexpr (is_bf16) {
-      k_.linear_backward_input(param(param_role::attn_proj_w, layer), dx2_.get(), dattn_products_.get(), n, cl, c);
+      k_.linear_backward_input(param(param_role::attn_proj_w, layer), dx2, dattn_products_.get(), n, cl, c);
       k_.convert(dattn_products_.get(), dattn_.get(), ncl);
     } else {
-      k_.linear_backward_input(param(param_role::attn_proj_w, layer), dx2_.get(), dattn_.get(), n, cl, c);
+      k_.linear_backward_input(param(param_role::attn_proj_w, layer), dx2, dattn_.get(), n, cl, c);
     }
     for (float* g : {dq_.get(), dk_.get(), dv_.get()})
       WEFT_CHECK_CUDA(cudaMemsetAsync(g, 0, ncl * sizeof(float), k_.stream()));
@@ -500,33 +572,36 @@ class one_gpu_model {
     copy_columns(dqkv_.get() + cl, 3 * cl, dk_.get(), cl, cl);
     copy_columns(dqkv_.get() + 2 * cl, 3 * cl, dv_.get(), cl, cl);
     k_.linear_backward_input(param(param_role::attn_w, layer), dqkv_.get(), dln1_.get(), n, c, 3 * cl);
-    sum_over_tp(dln1_.get(), nc);  // ln_1's output feeds every rank's heads
-    k_.layernorm_backward_input(a.x, param(param_role::ln_1_w, layer), a.mean1, a.rstd1, dln1_.get(), dx_.get(), n, c);
-    // The parameter gradients, in gpt_model::layer_backward_weight's order.
-    k_.column_sums(dy_.get(), grad(param_role::mlp_proj_b, layer), n, c);
-    weight_gradients(a.gelu, dy_.get(), grad(param_role::mlp_proj_w, layer), nullptr, 4 * cl, c);
+    const T* dln1 = reduced(dln1_.get(), dln1_rows_.get());  // ln_1's output fed every rank's heads
+    k_.layernorm_backward_input(a.x, param(param_role::ln_1_w, layer), a.mean1, a.rstd1, dln1, dx_.get(), r, c);
+    // The parameter gradients, in gpt_model::layer_backward_weight's order; the norms' and the
+    // c_proj biases' from the rank's rows (with sp, partial sums: sum_row_split_gradients).
+    k_.column_sums(dy_.get(), grad(param_role::mlp_proj_b, layer), r, c);
+    weight_gradients(a.gelu, dy, grad(param_role::mlp_proj_w, layer), nullptr, 4 * cl, c);
     weight_gradients(a.ln2, dfc_.get(), grad(param_role::fc_w, layer), grad(param_role::fc_b, layer), c, 4 * cl);
-    k_.layernorm_backward_params(a.x2, a.mean2, a.rstd2, dln2_.get(), grad(param_role::ln_2_w, layer),
-                                 grad(param_role::ln_2_b, layer), n, c);
-    k_.column_sums(dx2_.get(), grad(param_role::attn_proj_b, layer), n, c);
-    weight_gradients(a.attn_products, dx2_.get(), grad(param_role::attn_proj_w, layer), nullptr, cl, c);
+    k_.layernorm_backward_params(a.x2, a.mean2, a.rstd2, dln2, grad(param_role::ln_2_w, layer),
+                                 grad(param_role::ln_2_b, layer), r, c);
+    k_.column_sums(dx2_.get(), grad(param_role::attn_proj_b, layer), r, c);
+    weight_gradients(a.attn_products, dx2, grad(param_role::attn_proj_w, layer), nullptr, cl, c);
     weight_gradients(a.ln1, dqkv_.get(), grad(param_role::attn_w, layer), grad(param_role::attn_b, layer), c, 3 * cl);
-    k_.layernorm_backward_params(a.x, a.mean1, a.rstd1, dln1_.get(), grad(param_role::ln_1_w, layer),
-                                 grad(param_role::ln_1_b, layer), n, c);
+    k_.layernorm_backward_params(a.x, a.mean1, a.rstd1, dln1, grad(param_role::ln_1_w, layer),
+                                 grad(param_role::ln_1_b, layer), r, c);
   }
 
   gpt_config m_;
   cuda::kernels& k_;
   model_place place_;
   nccl_comm* tp_;  // null with tp 1
+  bool sp_;        // sequence parallelism (tp > 1)
   std::vector<param_spec> specs_;
   model_storage storage_;
   weft::tp::vocab_partition vocab_block_;  // the rows of wte this rank holds
   std::vector<std::size_t> offsets_;       // each parameter's place in the parameter buffer
   // c_: the hidden size; cl_: the rank's slice of it (c / tp); vocab_: the real tokens of the
   // rank's vocabulary block; padded_vocab_: the block's rows.
-  std::size_t total_ = 0, moments_ = 0, c_ = 0, cl_ = 0, t_ = 0, b_ = 0, n_ = 0, heads_ = 0, local_heads_ = 0,
-              layers_ = 0, vocab_ = 0, padded_vocab_ = 0, chunk_rows_ = 1;
+  // n_: the micro-batch's rows; rows_: the rank's (n_ / tp with sp, else n_), from first_row_.
+  std::size_t total_ = 0, moments_ = 0, c_ = 0, cl_ = 0, t_ = 0, b_ = 0, n_ = 0, rows_ = 0, first_row_ = 0, heads_ = 0,
+              local_heads_ = 0, layers_ = 0, vocab_ = 0, padded_vocab_ = 0, chunk_rows_ = 1;
   std::vector<std::int32_t> local_tokens_;    // tp: the micro-batch's tokens relative to the block
   std::vector<nccl_comm::request> pending_;   // the step's sums over tp, until settle()
   device_ptr<float> row_max_;                 // tp: the loss's row maxima
@@ -537,7 +612,9 @@ class one_gpu_model {
       dln2_, dgelu_, dfc_;
   device_ptr<float> q_, k_act_, v_, attn_, stats_, lse_, head_stats_, dattn_, dq_, dk_, dv_, logits_;
   device_ptr<T> attn_products_, dattn_products_, dlogits_products_;  // bf16 only
-  device_ptr<float> embedding_rows_, wide_logits_;                    // bf16 only
+  device_ptr<float> embedding_rows_, wide_logits_;                    // bf16 (or sp: embedding_rows_) only
+  device_ptr<T> ln_rows_, tmp_rows_, dln1_rows_, dln2_rows_, head_dh_rows_, dy_all_, dx2_all_;  // sp only
+  device_ptr<float> embedding_local_;                                 // sp in bf16 only
   device_ptr<std::int32_t> tokens_, labels_;
   device_ptr<std::int64_t> positions_, sequence_positions_;
 };
@@ -696,7 +773,7 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
       storage.optimizer.push_back(
           {i, 0, specs[i].local_elements, static_cast<std::size_t>(storage.param[i] - storage.params)});
   }
-  one_gpu_model<T> model(m, r.choice.micro_batch, k, std::move(storage), place, &tp);
+  one_gpu_model<T> model(m, r.choice.micro_batch, k, std::move(storage), place, &tp, r.sequence_parallel());
   const whole_index index(m);
   // Where the run starts: step 0 and the first sequence, or the checkpoint's step and position.
   std::int64_t first_step = 0, first_sequence = 0;
@@ -743,6 +820,7 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
         labels[i] = s[p + 1];
       }
       model.forward_backward(tokens, labels, loss_scale, row_losses.get() + static_cast<std::size_t>(mb) * n);
+      if (mb + 1 == r.micro_batches) model.sum_row_split_gradients();  // sequence parallelism's, once a step
       // Every gradient is complete for this micro-batch: the last one's reduction starts, and the
       // compute stream waits for it (the others return at once).
       sync.reduce_all();
