@@ -183,6 +183,31 @@ inline std::int64_t max_rss_bytes() {
 /// The optimizer-state file that goes with a model file.
 inline std::string optimizer_path(const std::string& model_path) { return model_path + ".optimizer"; }
 
+/// What every resumed run checks against its checkpoint at `path` (alike on every rank, on the CPU
+/// and on GPUs): the data order (seed), a step left to train after `step`, and the global batch
+/// (when the checkpoint records it).
+inline void check_resume(const options& o, const run_layout& r, const std::string& path, std::int64_t step,
+                         std::uint64_t seed, std::optional<std::int64_t> global_batch) {
+  if (seed != o.seed)
+    throw input_error("the checkpoint was trained with --seed " + std::to_string(seed) + " (its data order), not " +
+                      std::to_string(o.seed) + ": resume with --seed " + std::to_string(seed));
+  if (step >= o.steps)
+    throw input_error("the checkpoint '" + path + "' is at step " + std::to_string(step) + " and --steps " +
+                      std::to_string(o.steps) + " counts every step from the start, the checkpoint's included: "
+                      "nothing is left to train; give --steps " + std::to_string(step + 1) + " or more to go on");
+  // The global batch is part of what a run trains on; its default follows dp, so resuming on
+  // another layout would quietly change it. Checkpoints from before it was recorded cannot be checked.
+  if (global_batch && *global_batch != r.global_batch && !o.global_batch_given)
+    throw input_error("the checkpoint '" + path + "' was trained with a global batch of " + std::to_string(*global_batch) +
+                      " sequences per step, but this run's default is " + std::to_string(r.global_batch) +
+                      (o.plan ? std::string(" (--plan's: 2 x the ranks)")
+                              : " (dp " + std::to_string(r.degrees().dp) + " x micro-batch " +
+                                    std::to_string(r.choice.micro_batch) + ")") +
+                      ": give --global-batch " + std::to_string(*global_batch) +
+                      " to continue the same run, or --global-batch " + std::to_string(r.global_batch) +
+                      " to change it on purpose");
+}
+
 template <weft::backend B>
 class trainer {
   using comm = weft::communicator<B>;
@@ -319,7 +344,7 @@ class trainer {
     step_ = number("step");
     // Checkpoints from before the position was recorded: the sequences of `step` global batches.
     data_sequence_ = s.metadata.count("data_sequence") != 0 ? number("data_sequence") : step_ * r_.global_batch;
-    check_resume(path, static_cast<std::uint64_t>(number("seed")),
+    check_resume(o_, r_, path, step_, static_cast<std::uint64_t>(number("seed")),
                  s.metadata.count("global_batch") != 0 ? std::optional(number("global_batch")) : std::nullopt);
     for (const char* prefix : {"exp_avg.", "exp_avg_sq."}) {
       const bool first = std::string(prefix) == "exp_avg.";
@@ -561,30 +586,6 @@ class trainer {
     }
   }
 
-  /// What every resumed run checks against its checkpoint (alike on every rank): the data order
-  /// (seed), a step left to train, and the global batch (when the checkpoint records it).
-  void check_resume(const std::string& path, std::uint64_t seed, std::optional<std::int64_t> global_batch) const {
-    if (seed != o_.seed)
-      throw input_error("the checkpoint was trained with --seed " + std::to_string(seed) + " (its data order), not " +
-                        std::to_string(o_.seed) + ": resume with --seed " + std::to_string(seed));
-    if (step_ >= o_.steps)
-      throw input_error("the checkpoint '" + path + "' is at step " + std::to_string(step_) + " and --steps " +
-                        std::to_string(o_.steps) + " counts every step from the start, the checkpoint's included: "
-                        "nothing is left to train; give --steps " + std::to_string(step_ + 1) +
-                        " or more to go on");
-    // The global batch is part of what a run trains on; its default follows dp, so resuming on
-    // another layout would quietly change it. Checkpoints from before it was recorded cannot be checked.
-    if (global_batch && *global_batch != r_.global_batch && !o_.global_batch_given)
-      throw input_error("the checkpoint '" + path + "' was trained with a global batch of " + std::to_string(*global_batch) +
-                        " sequences per step, but this run's default is " + std::to_string(r_.global_batch) +
-                        (o_.plan ? std::string(" (--plan's: 2 x the ranks)")
-                                 : " (dp " + std::to_string(r_.degrees().dp) + " x micro-batch " +
-                                       std::to_string(r_.choice.micro_batch) + ")") +
-                        ": give --global-batch " + std::to_string(*global_batch) +
-                        " to continue the same run, or --global-batch " + std::to_string(r_.global_batch) +
-                        " to change it on purpose");
-  }
-
   // ---- distributed checkpoints (--save-dir, --resume DIR) ----------------------------------
   // Each rank saves what it holds of each state (its tp slices of its stage's parameters, or its
   // ZeRO / FSDP shards of them, and of AdamW's moments) as pieces of the whole tensors, and reads
@@ -727,7 +728,7 @@ class trainer {
       step_ = index.step;
       data_sequence_ = position_of("sequence");
       const auto batch = index.layout.find("global_batch");
-      check_resume(directory, static_cast<std::uint64_t>(position_of("seed")),
+      check_resume(o_, r_, directory, step_, static_cast<std::uint64_t>(position_of("seed")),
                    batch == index.layout.end() ? std::nullopt : std::optional(batch->second));
 
       std::vector<float> staged;

@@ -683,25 +683,8 @@ std::pair<std::int64_t, std::int64_t> resume_checkpoint(one_gpu_model<T>& model,
   const std::int64_t step = number("step");
   const std::int64_t sequence = optimizer.metadata.count("data_sequence") != 0 ? number("data_sequence")
                                                                                : step * r.global_batch;
-  if (static_cast<std::uint64_t>(number("seed")) != o.seed)
-    throw input_error("the checkpoint was trained with --seed " + std::to_string(number("seed")) +
-                      " (its data order), not " + std::to_string(o.seed) + ": resume with --seed " +
-                      std::to_string(number("seed")));
-  if (step >= o.steps)
-    throw input_error("the checkpoint '" + path + "' is at step " + std::to_string(step) + " and --steps " +
-                      std::to_string(o.steps) + " counts every step from the start, the checkpoint's included: "
-                      "nothing is left to train; give --steps " + std::to_string(step + 1) + " or more to go on");
-  if (optimizer.metadata.count("global_batch") != 0 && number("global_batch") != r.global_batch &&
-      !o.global_batch_given)
-    throw input_error("the checkpoint '" + path + "' was trained with a global batch of " +
-                      std::to_string(number("global_batch")) + " sequences per step, but this run's default is " +
-                      std::to_string(r.global_batch) +
-                      (o.plan ? std::string(" (--plan's: 2 x the ranks)")
-                              : " (dp " + std::to_string(r.degrees().dp) + " x micro-batch " +
-                                    std::to_string(r.choice.micro_batch) + ")") +
-                      ": give --global-batch " + std::to_string(number("global_batch")) +
-                      " to continue the same run, or --global-batch " + std::to_string(r.global_batch) +
-                      " to change it on purpose");
+  check_resume(o, r, path, step, static_cast<std::uint64_t>(number("seed")),
+               optimizer.metadata.count("global_batch") != 0 ? std::optional(number("global_batch")) : std::nullopt);
   for (const auto& [which, file, prefix] :
        {std::tuple{state::params, &weights, ""}, std::tuple{state::exp_avg, &optimizer, "exp_avg."},
         std::tuple{state::exp_avg_sq, &optimizer, "exp_avg_sq."}}) {
