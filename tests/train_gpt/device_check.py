@@ -8,9 +8,9 @@
    (gradient accumulation, and attention over each sequence of a micro-batch), as dp 2 (the
    synchronizer summing over NCCL), as tp 2 (Megatron's column- and row-parallel layers, the
    vocabulary-parallel embedding and loss, each sum over tp on NCCL; the dump gathers the slices
-   into whole tensors) and as tp 2 with sequence parallelism (the rows outside the blocks split
-   over tp, all-gathered and reduce-scattered around them): the loss within 1e-5 relative, each
-   gradient within 1e-3 of
+   into whole tensors), as tp 2 with sequence parallelism (the rows outside the blocks split
+   over tp, all-gathered and reduce-scattered around them) and as cp 2 (each rank 2 chunks of every
+   sequence, ring attention over NCCL): the loss within 1e-5 relative, each gradient within 1e-3 of
    its largest element (the products and sums run in other orders, GELU and the loss use the GPU's
    exp; a wrong term or index is off by the gradient's own size);
 2. 20 steps on each: every loss within 2e-4 relative of the CPU's (AdamW compounds the first
@@ -87,7 +87,8 @@ def main():
         for what, command in (("cpu", one + ["--device", "cpu"]), ("cuda", one + ["--device", "cuda"]),
                               ("cuda dp2", two + ["--device", "cuda", "--dp", "2"]),
                               ("cuda tp2", two + ["--device", "cuda", "--tp", "2"]),
-                              ("cuda tp2 sp", two + ["--device", "cuda", "--tp", "2", "--sequence-parallel"])):
+                              ("cuda tp2 sp", two + ["--device", "cuda", "--tp", "2", "--sequence-parallel"]),
+                              ("cuda cp2", two + ["--device", "cuda", "--cp", "2"])):
             path = os.path.join(tmp, what.replace(" ", "_") + ".safetensors")
             out = run(command + MODEL + ["--steps", "1", "--dump-grads", path, "--quiet"])
             if what != "cpu" and "GPU(s) in fp32" not in out:
@@ -97,6 +98,7 @@ def main():
         compare(dumps["cpu"], dumps["cuda dp2"], "cuda dp2", failures)
         compare(dumps["cpu"], dumps["cuda tp2"], "cuda tp2", failures)
         compare(dumps["cpu"], dumps["cuda tp2 sp"], "cuda tp2 sp", failures)
+        compare(dumps["cpu"], dumps["cuda cp2"], "cuda cp2", failures)
 
         curves = {}
         for device, tag in (("cpu", "cpu"), ("cuda", "cuda"), ("cuda", "cuda again")):
@@ -113,7 +115,7 @@ def main():
 
         refusals = [
             (two + MODEL + ["--device", "cuda", "--pp", "2", "--steps", "1"],
-             "--device cuda: the trainer on the GPU runs data and tensor parallelism (pp and cp 1"),
+             "--device cuda: the trainer on the GPU runs data, tensor and context parallelism (pp 1"),
             (one + MODEL + ["--device", "cuda", "--precision", "bf16", "--hidden", "60", "--steps", "1"],
              "--device cuda: --precision bf16 needs --hidden a multiple of 8"),
             (one + MODEL + ["--device", "cuda", "--steps", "1", "--save-dir", os.path.join(tmp, "ckpt")],

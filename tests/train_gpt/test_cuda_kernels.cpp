@@ -561,6 +561,47 @@ TEST_CASE_METHOD(fixture, "AdamW: three steps equal to the CPU's, bit for bit") 
   }
 }
 
+TEST_CASE_METHOD(fixture, "ring attention's merge: two key blocks attended apart and merged are one attended whole") {
+  gpu::kernels k(stream);
+  std::mt19937 rng(19);
+  const std::size_t nq = 45, heads = 3, d = 32, row = heads * d;
+  std::vector<std::int64_t> q_pos(nq), first(30), second(nq);  // keys 0..29, then 30..74; queries 30..74
+  std::iota(q_pos.begin(), q_pos.end(), 30);
+  std::iota(first.begin(), first.end(), 0);
+  std::iota(second.begin(), second.end(), 30);
+  std::vector<std::int64_t> all(first);
+  all.insert(all.end(), second.begin(), second.end());
+  const auto q = random_floats(nq * row, rng), k1 = random_floats(first.size() * row, rng),
+             v1 = random_floats(first.size() * row, rng), k2 = random_floats(second.size() * row, rng),
+             v2 = random_floats(second.size() * row, rng);
+  std::vector<float> kall(k1), vall(v1);
+  kall.insert(kall.end(), k2.begin(), k2.end());
+  vall.insert(vall.end(), v2.begin(), v2.end());
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  device<std::int64_t> qp(q_pos), p1(first), p2(second), pall(all);
+  device<float> qd(q), k1d(k1), v1d(v1), k2d(k2), v2d(v2), kalld(kall), valld(vall);
+  device<float> whole(nq * row), whole_lse(nq * heads), out(nq * row), lse(nq * heads), block(nq * row),
+      block_lse(nq * heads);
+  k.attention_forward(qd, kalld, valld, qp, pall, nq, all.size(), heads, d, scale, true, whole, whole_lse);
+  // As the ring starts: out 0 and lse -inf, then each block folded in.
+  k.fill(out, nq * row, 0.0f);
+  k.fill(lse, nq * heads, -INFINITY);
+  k.attention_forward(qd, k2d, v2d, qp, p2, nq, second.size(), heads, d, scale, true, block, block_lse);  // the diagonal
+  k.attention_merge(out, lse, block, block_lse, nq, heads, d);
+  k.attention_forward(qd, k1d, v1d, qp, p1, nq, first.size(), heads, d, scale, true, block, block_lse);  // all visible
+  k.attention_merge(out, lse, block, block_lse, nq, heads, d);
+  require_close(out.get(), whole.get(), 1e-5, 1e-7, "merged out");
+  require_close(lse.get(), whole_lse.get(), 1e-5, 0, "merged lse");
+  // A block no query sees (keys after every query) leaves the result as it was.
+  std::vector<std::int64_t> later(10);
+  std::iota(later.begin(), later.end(), 100);
+  device<std::int64_t> pl(later);
+  device<float> kl(random_floats(later.size() * row, rng)), vl(random_floats(later.size() * row, rng));
+  k.attention_forward(qd, kl, vl, qp, pl, nq, later.size(), heads, d, scale, true, block, block_lse);
+  k.attention_merge(out, lse, block, block_lse, nq, heads, d);
+  require_close(out.get(), whole.get(), 1e-5, 1e-7, "out after a hidden block");
+}
+
 TEST_CASE_METHOD(fixture, "causal attention, forward and backward, against the CPU path's BLAS attention") {
   gpu::kernels k(stream);
   std::mt19937 rng(9);

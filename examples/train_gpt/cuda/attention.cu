@@ -246,7 +246,50 @@ void with_width(std::size_t head_dim, F&& f) {
   else f(std::integral_constant<int, 128>{});
 }
 
+/// Folds a block's attention (its output and LSE) into the running one, per (query row, head):
+/// lse = log(e^lse + e^block_lse), out = out e^(old lse - lse) + block_out e^(block_lse - lse).
+/// A side whose LSE is -inf (no visible key) contributes nothing.
+__global__ void attention_merge_kernel(float* out, float* lse, const float* block_out, const float* block_lse,
+                                       std::size_t rows_heads, int d) {
+  const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  if (i >= rows_heads) return;
+  const float a = lse[i], b = block_lse[i];
+  if (b == -INFINITY) return;
+  float* o = out + i * static_cast<std::size_t>(d);
+  const float* bo = block_out + i * static_cast<std::size_t>(d);
+  if (a == -INFINITY) {
+    for (int e = 0; e < d; ++e) o[e] = bo[e];
+    lse[i] = b;
+    return;
+  }
+  const float m = fmaxf(a, b);
+  const float merged = m + logf(expf(a - m) + expf(b - m));
+  const float wa = expf(a - merged), wb = expf(b - merged);
+  for (int e = 0; e < d; ++e) o[e] = o[e] * wa + bo[e] * wb;
+  lse[i] = merged;
+}
+
+__global__ void fill_kernel(float* data, std::size_t n, float value) {
+  const std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  if (i < n) data[i] = value;
+}
+
 }  // namespace
+
+void kernels::attention_merge(float* out, float* lse, const float* block_out, const float* block_lse, std::size_t rows,
+                              std::size_t heads, std::size_t head_dim) {
+  const std::size_t n = rows * heads;
+  if (n == 0) return;
+  attention_merge_kernel<<<detail::blocks_for(n, 128), 128, 0, impl_->stream>>>(out, lse, block_out, block_lse, n,
+                                                                                static_cast<int>(head_dim));
+  TRAIN_GPT_CUDA_LAUNCHED();
+}
+
+void kernels::fill(float* data, std::size_t n, float value) {
+  if (n == 0) return;
+  fill_kernel<<<detail::blocks_for(n, 256), 256, 0, impl_->stream>>>(data, n, value);
+  TRAIN_GPT_CUDA_LAUNCHED();
+}
 
 void kernels::attention_forward(const float* q, const float* k, const float* v, const std::int64_t* q_pos,
                                 const std::int64_t* k_pos, std::size_t nq, std::size_t nk, std::size_t heads,

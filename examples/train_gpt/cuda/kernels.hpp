@@ -201,6 +201,15 @@ class kernels {
                           std::size_t head_dim, float scale, bool causal, const float* out, const float* lse,
                           const float* dout, float* dq, float* dk, float* dv);
 
+  /// Ring attention's fold of one key block into the running result (weft::cp::ring_attention's
+  /// kernel.merge): per query row and head, lse = log(e^lse + e^block_lse) and out the two
+  /// outputs weighted by their share of it; out, block_out [rows, heads, head_dim], lse and
+  /// block_lse [rows, heads], -inf where no key was visible.
+  void attention_merge(float* out, float* lse, const float* block_out, const float* block_lse, std::size_t rows,
+                       std::size_t heads, std::size_t head_dim);
+  /// data[i] = value.
+  void fill(float* data, std::size_t n, float value);
+
   struct impl;
 
  private:

@@ -1,9 +1,10 @@
 // train_on_cuda (device.hpp): GPT-2 trained on GPUs, one per rank, in fp32 or bf16 (bf16 products
-// on fp32 master weights, one_gpu_model), data and tensor parallel over NCCL. Each rank's model
-// calls the operations of kernels.hpp in the order model.hpp calls cpu_kernels' (gpt_model's path
-// without cp or pp, operation for operation; with tp, Megatron's column- and row-parallel layers,
+// on fp32 master weights, one_gpu_model), data, tensor and context parallel over NCCL. Each rank's
+// model calls the operations of kernels.hpp in the order model.hpp calls cpu_kernels' (gpt_model's
+// path without pp, operation for operation; with tp, Megatron's column- and row-parallel layers,
 // the vocabulary-parallel embedding and loss, each sum over tp an all-reduce on the compute
-// stream), so the first step's loss and gradients are the CPU trainer's to rounding
+// stream; with cp, weft::cp::ring_attention around the attention kernel, ring_kernel.hpp), so the
+// first step's loss and gradients are the CPU trainer's to rounding
 // (tests/train_gpt/device_check.py compares them); weft's gradient synchronizer sums the
 // gradients over the dp ranks (NCCL, device buffers) as it does for the CPU trainer over MPI.
 //
@@ -36,6 +37,8 @@
 #include <weft/backend/nccl/backend.hpp>
 #include <weft/checkpoint/safetensors.hpp>
 #include <weft/comm/communicator.hpp>
+#include <weft/cp/causal_split.hpp>
+#include <weft/cp/ring_attention.hpp>
 #include <weft/grad/synchronizer.hpp>
 #include <weft/launch/nccl_bootstrap.hpp>
 #include <weft/layout/process_groups.hpp>
@@ -45,6 +48,7 @@
 #include "kernels.hpp"
 #include "options.hpp"
 #include "parameters.hpp"
+#include "ring_kernel.hpp"
 #include "trainer.hpp"
 
 namespace train_gpt {
@@ -52,6 +56,14 @@ namespace train_gpt {
 namespace {
 
 using nccl_comm = weft::communicator<weft::nccl_backend>;
+
+/// The model's groups beyond dp: null where the degree is 1. Their operations are enqueued on the
+/// compute stream (the caller sets it), between the kernels that make and use their data.
+struct model_groups {
+  nccl_comm* tp = nullptr;
+  bool sequence_parallel = false;  ///< with tp: the rows outside the blocks split over tp
+  nccl_comm* cp = nullptr;         ///< ring attention over cp ranks holding 2 chunks of each sequence
+};
 
 struct cuda_free {
   void operator()(void* p) const noexcept { cudaFree(p); }
@@ -97,18 +109,20 @@ class one_gpu_model {
 
  public:
   one_gpu_model(const gpt_config& m, int micro_batch, cuda::kernels& k, model_storage storage, const model_place& place,
-                nccl_comm* tp, bool sequence_parallel)
+                const model_groups& groups)
       : m_(m),
         k_(k),
         place_(place),
-        tp_(place.tp > 1 ? tp : nullptr),
-        sp_(place.tp > 1 && sequence_parallel),
+        tp_(place.tp > 1 ? groups.tp : nullptr),
+        sp_(place.tp > 1 && groups.sequence_parallel),
+        cp_(groups.cp != nullptr && groups.cp->size() > 1 ? groups.cp : nullptr),
+        split_{.seq = m.seq, .cp = cp_ != nullptr ? cp_->size() : 1, .kind = weft::cp::split_kind::load_balanced},
         specs_(rank_parameters(m, place)),
         storage_(std::move(storage)),
         vocab_block_(vocab_partition_of(m, place)) {
     c_ = static_cast<std::size_t>(m.hidden);
     cl_ = c_ / static_cast<std::size_t>(place.tp);
-    t_ = static_cast<std::size_t>(m.seq);
+    t_ = static_cast<std::size_t>(m.seq / split_.cp);  // the rank's tokens of each sequence
     b_ = static_cast<std::size_t>(micro_batch);
     n_ = b_ * t_;
     if (sp_ && n_ % static_cast<std::size_t>(place.tp) != 0)
@@ -189,14 +203,31 @@ class one_gpu_model {
     }
     tokens_ = device_alloc<std::int32_t>(n_), labels_ = device_alloc<std::int32_t>(n_);
     local_tokens_.resize(n_);
-    positions_ = device_alloc<std::int64_t>(n_), sequence_positions_ = device_alloc<std::int64_t>(t_);
+    // Row i is token i % t of its sequence i / t; its position in the sequence is the split's
+    // (all of them in order without cp).
+    const std::vector<std::int64_t> own = sequence_positions();
     std::vector<std::int64_t> pos(n_);
-    for (std::size_t i = 0; i < n_; ++i) pos[i] = static_cast<std::int64_t>(i % t_);
+    for (std::size_t i = 0; i < n_; ++i) pos[i] = own[i % t_];
+    positions_ = device_alloc<std::int64_t>(n_), sequence_positions_ = device_alloc<std::int64_t>(t_);
     upload(positions_.get(), pos);
-    upload(sequence_positions_.get(), std::vector<std::int64_t>(pos.begin(), pos.begin() + static_cast<std::ptrdiff_t>(t_)));
+    upload(sequence_positions_.get(), own);
+    if (cp_ != nullptr) {
+      std::vector<std::int64_t> every(static_cast<std::size_t>(m.seq));
+      for (std::size_t i = 0; i < every.size(); ++i) every[i] = static_cast<std::int64_t>(i);
+      all_positions_ = device_alloc<std::int64_t>(every.size());
+      upload(all_positions_.get(), every);
+      ring_.emplace(*cp_, split_,
+                    weft::cp::attention_shape{.heads = local_heads_, .head_dim = c_ / heads_},
+                    weft::cp::attention_options{.causal = true, .scale = softmax_scale()},
+                    cuda::ring_kernel{.k = &k_, .positions = all_positions_.get()});
+    }
   }
 
   std::size_t micro_batch_rows() const noexcept { return n_; }
+  /// The positions in each sequence of the rank's tokens (weft::cp's load-balanced split over cp).
+  std::vector<std::int64_t> sequence_positions() const {
+    return weft::cp::positions(split_, cp_ != nullptr ? cp_->rank() : 0);
+  }
 
   /// After the host waited for the compute stream: lets go of the step's sums over tp (complete by
   /// then; waiting on each would have made the host wait inside the step).
@@ -513,8 +544,13 @@ class one_gpu_model {
     copy_columns(a.q, cl, qkv_.get(), 3 * cl, cl);
     copy_columns(a.k, cl, qkv_.get() + cl, 3 * cl, cl);
     copy_columns(a.v, cl, qkv_.get() + 2 * cl, 3 * cl, cl);
-    for (std::size_t b = 0; b < b_; ++b) {
-      const std::size_t o = b * t_ * cl;
+    for (std::size_t b = 0; b < b_; ++b) {  // each sequence: the rank's tokens, over the ring with cp
+      const std::size_t o = b * t_ * cl, w = t_ * cl;
+      if (ring_) {
+        ring_->template forward<float>({a.q + o, w}, {a.k + o, w}, {a.v + o, w}, {a.attn + o, w},
+                                       {a.lse + b * t_ * h, t_ * h});
+        continue;
+      }
       k_.attention_forward(a.q + o, a.k + o, a.v + o, sequence_positions_.get(), sequence_positions_.get(), t_, t_, h,
                            d, softmax_scale(), true, a.attn + o, a.lse + b * t_ * h);
     }
@@ -563,7 +599,13 @@ class one_gpu_model {
     for (float* g : {dq_.get(), dk_.get(), dv_.get()})
       WEFT_CHECK_CUDA(cudaMemsetAsync(g, 0, ncl * sizeof(float), k_.stream()));
     for (std::size_t b = 0; b < b_; ++b) {
-      const std::size_t o = b * t_ * cl;
+      const std::size_t o = b * t_ * cl, w = t_ * cl;
+      if (ring_) {  // overwrites dq, dk, dv
+        ring_->template backward<float>({a.q + o, w}, {a.k + o, w}, {a.v + o, w}, {a.attn + o, w},
+                                        {a.lse + b * t_ * h, t_ * h}, {dattn_.get() + o, w}, {dq_.get() + o, w},
+                                        {dk_.get() + o, w}, {dv_.get() + o, w});
+        continue;
+      }
       k_.attention_backward(a.q + o, a.k + o, a.v + o, sequence_positions_.get(), sequence_positions_.get(), t_, t_, h,
                             d, softmax_scale(), true, a.attn + o, a.lse + b * t_ * h, dattn_.get() + o, dq_.get() + o,
                             dk_.get() + o, dv_.get() + o);
@@ -593,6 +635,8 @@ class one_gpu_model {
   model_place place_;
   nccl_comm* tp_;  // null with tp 1
   bool sp_;        // sequence parallelism (tp > 1)
+  nccl_comm* cp_;  // null with cp 1
+  weft::cp::sequence_split split_;
   std::vector<param_spec> specs_;
   model_storage storage_;
   weft::tp::vocab_partition vocab_block_;  // the rows of wte this rank holds
@@ -616,7 +660,8 @@ class one_gpu_model {
   device_ptr<T> ln_rows_, tmp_rows_, dln1_rows_, dln2_rows_, head_dh_rows_, dy_all_, dx2_all_;  // sp only
   device_ptr<float> embedding_local_;                                 // sp in bf16 only
   device_ptr<std::int32_t> tokens_, labels_;
-  device_ptr<std::int64_t> positions_, sequence_positions_;
+  device_ptr<std::int64_t> positions_, sequence_positions_, all_positions_;
+  std::optional<weft::cp::ring_attention<weft::nccl_backend, cuda::ring_kernel>> ring_;  // with cp
 };
 
 struct stream_deleter {
@@ -645,7 +690,7 @@ void save_checkpoint(one_gpu_model<T>& model, const options& o, const gpt_config
                                                          : "sequence " + std::to_string(sequence) + " of the token stream"},
                         {"data_sequence", std::to_string(sequence)},
                         {"layout", "tp " + std::to_string(r.degrees().tp) + " pp 1 dp " + std::to_string(r.degrees().dp) +
-                                       " cp 1"},
+                                       " cp " + std::to_string(r.degrees().cp)},
                         {"precision", o.precision == precision_kind::bf16 ? "bf16" : "fp32"}};
   for (auto& record : whole_records(index, exp_avg, "exp_avg.")) optimizer.tensors.push_back(std::move(record));
   for (auto& record : whole_records(index, exp_avg_sq, "exp_avg_sq.")) optimizer.tensors.push_back(std::move(record));
@@ -716,10 +761,12 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
   weft::process_groups<weft::nccl_backend> groups(world, weft::layout::rank_layout(r.degrees()));
   nccl_comm& dp = groups.get(weft::layout::group_kind::dp_cp);
   nccl_comm& tp = groups.tp();
+  nccl_comm& cp = groups.get(weft::layout::group_kind::cp);
   const weft::layout::rank_coordinates coords = groups.coordinates();
   const model_place place{.tp_rank = coords.tp, .tp = r.degrees().tp};
   // The sums over tp sit between kernels of one micro-batch: on the compute stream itself.
   if (place.tp > 1) tp.native().use_stream(stream.get());
+  if (r.degrees().cp > 1) cp.native().use_stream(stream.get());  // the ring's sends and receives too
   cuda::kernels k(stream.get(), cuda::gemm_math::fp32);
   // The gradients: the synchronizer's device buffer (fp32 in both precisions, so they are reduced
   // in fp32), summed over dp after the step's last micro-batch (the loss is already divided by
@@ -756,7 +803,8 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
       storage.optimizer.push_back(
           {i, 0, specs[i].local_elements, static_cast<std::size_t>(storage.param[i] - storage.params)});
   }
-  one_gpu_model<T> model(m, r.choice.micro_batch, k, std::move(storage), place, &tp, r.sequence_parallel());
+  one_gpu_model<T> model(m, r.choice.micro_batch, k, std::move(storage), place,
+                         {.tp = &tp, .sequence_parallel = r.sequence_parallel(), .cp = &cp});
   const whole_index index(m);
   // Where the run starts: step 0 and the first sequence, or the checkpoint's step and position.
   std::int64_t first_step = 0, first_sequence = 0;
@@ -771,6 +819,7 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
   };
 
   const std::size_t n = model.micro_batch_rows(), seq1 = static_cast<std::size_t>(m.seq) + 1;
+  const std::vector<std::int64_t> own_positions = model.sequence_positions();
   const int per_dp = r.global_batch / r.degrees().dp;
   const float loss_scale = 1.0f / static_cast<float>(static_cast<double>(r.global_batch) * m.seq);
   const double tokens_per_step = static_cast<double>(r.global_batch) * m.seq;
@@ -782,10 +831,10 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
   double first_loss = 0, last_loss = 0;
   if (rank == 0)
     std::printf("train_gpt: %d layers, hidden %d, %d heads, vocab %d, seq %d (%.2f M parameters) on %d GPU(s) in %s: "
-                "tp %d dp %d%s, global batch %d = %d micro-batch(es) of %d per dp rank\n",
+                "tp %d dp %d cp %d%s, global batch %d = %d micro-batch(es) of %d per dp rank\n",
                 m.layers, m.hidden, m.heads, m.vocab, m.seq, static_cast<double>(m.parameter_count()) / 1e6,
-                world.size(), precision, tp.size(), dp.size(), o.zero1 ? " +zero1" : "", r.global_batch,
-                r.micro_batches, r.choice.micro_batch);
+                world.size(), precision, tp.size(), r.degrees().dp, cp.size(), o.zero1 ? " +zero1" : "",
+                r.global_batch, r.micro_batches, r.choice.micro_batch);
   const auto run_start = clock::now();
   for (std::int64_t step = first_step; step < o.steps; ++step) {
     const auto t0 = clock::now();
@@ -794,11 +843,12 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
     const std::vector<std::int32_t> slice =
         data.sequences(at, static_cast<std::int64_t>(coords.dp) * per_dp, per_dp, m.seq);
     for (int mb = 0; mb < r.micro_batches; ++mb) {
-      // Row i of the micro-batch is token i % seq of its sequence i / seq (trainer::fill_batches without cp or sp).
+      // Row i of the micro-batch is the rank's token i % t of its sequence i / t (t = seq / cp):
+      // the token at that position of the sequence, and the next as its label (trainer::fill_batches).
       for (std::size_t i = 0; i < n; ++i) {
         const std::int32_t* s =
-            slice.data() + (static_cast<std::size_t>(mb * r.choice.micro_batch) + i / static_cast<std::size_t>(m.seq)) * seq1;
-        const std::size_t p = i % static_cast<std::size_t>(m.seq);
+            slice.data() + (static_cast<std::size_t>(mb * r.choice.micro_batch) + i / own_positions.size()) * seq1;
+        const auto p = static_cast<std::size_t>(own_positions[i % own_positions.size()]);
         tokens[i] = s[p];
         labels[i] = s[p + 1];
       }
@@ -875,11 +925,11 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
   if (rank == 0) {
     const double median = median_step_seconds(step_times);
     std::printf("done: %lld steps, loss %.4f -> %.4f, median step %.1f ms, %.0f tokens/s, %.1f s in all (tp %d dp %d "
-                "on GPUs, %s, %d micro-batches of %d)\n",
+                "cp %d on GPUs, %s, %d micro-batches of %d)\n",
                 static_cast<long long>(o.steps - first_step), first_loss, last_loss, median * 1e3,
                 median > 0 ? tokens_per_step / median : 0.0,
-                std::chrono::duration<double>(clock::now() - run_start).count(), tp.size(), dp.size(), precision,
-                r.micro_batches, r.choice.micro_batch);
+                std::chrono::duration<double>(clock::now() - run_start).count(), tp.size(), r.degrees().dp, cp.size(),
+                precision, r.micro_batches, r.choice.micro_batch);
   }
   return 0;
 }
