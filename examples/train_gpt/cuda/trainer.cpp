@@ -218,7 +218,7 @@ class one_gpu_model {
       upload(all_positions_.get(), every);
       ring_.emplace(*cp_, split_,
                     weft::cp::attention_shape{.heads = local_heads_, .head_dim = c_ / heads_},
-                    weft::cp::attention_options{.causal = true, .scale = softmax_scale()},
+                    weft::cp::attention_options{.causal = true},
                     cuda::ring_kernel{.k = &k_, .positions = all_positions_.get()});
     }
   }
@@ -647,7 +647,6 @@ class one_gpu_model {
   std::size_t total_ = 0, moments_ = 0, c_ = 0, cl_ = 0, t_ = 0, b_ = 0, n_ = 0, rows_ = 0, first_row_ = 0, heads_ = 0,
               local_heads_ = 0, layers_ = 0, vocab_ = 0, padded_vocab_ = 0, chunk_rows_ = 1;
   std::vector<std::int32_t> local_tokens_;    // tp: the micro-batch's tokens relative to the block
-  std::vector<nccl_comm::request> pending_;   // the step's sums over tp, until settle()
   device_ptr<float> row_max_;                 // tp: the loss's row maxima
   device_ptr<double> row_sums_;               // tp: its exp sums and label logits
   device_ptr<float> m1_, m2_;
@@ -662,6 +661,9 @@ class one_gpu_model {
   device_ptr<std::int32_t> tokens_, labels_;
   device_ptr<std::int64_t> positions_, sequence_positions_, all_positions_;
   std::optional<weft::cp::ring_attention<weft::nccl_backend, cuda::ring_kernel>> ring_;  // with cp
+  // The step's operations over tp, until settle(); last, so that unwinding waits for them before
+  // the buffers they use are freed.
+  std::vector<nccl_comm::request> pending_;
 };
 
 struct stream_deleter {
