@@ -29,14 +29,15 @@
 #     train_gpt_device_bf16 (5 launches: first step and 50 steps, bf16 against fp32)  e 20 s
 #     train_gpt_device_resume (6 launches: 8 steps against 4 + resume + 4, fp32 and bf16)  e 25 s
 #     train_gpt_device_zero1.np2 (4 launches of 2 ranks: dp2 against dp2 +zero1)  e 20 s
-#     in all about 200 s one after another; in 4 slots, the np4 tests alone: e 100 s
+#     train_gpt_device_layouts.np2 (5 launches: tp2 + sp's checkpoint, bf16 tp2 + sp and cp2)  e 22 s
+#     in all about 225 s one after another; in 4 slots, the np4 tests alone: e 110 s
 #   then alone (its deadline tests give connection setup 0.3 s):
 #     test_nccl_backend np1 10.5 s, np2 46.9 s, np4 64.5 s                      122 s
 #   benchmarks, one at a time after the tests (their numbers on a quiet GPU):
 #     bench_allreduce_nccl.np1, health_check_nccl.np1                          e 20 s
 #     bench_gpu_kernels (every operation at GPT-2 small's sizes)                e 20 s
 #     bench_gpu_train (GPT-2 small, bf16, 6 steps of 8 x 1024 tokens)           e 15 s
-#   total                                                                      e 465 s of the 480 s budget
+#   total                                                                      e 475 s of the 480 s budget
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""train_gpt on GPUs: bf16 against fp32, bit-exact resume, ZeRO-1 against dp 2 (needs a GPU: label gpu).
+"""train_gpt on GPUs: bf16 against fp32, bit-exact resume, ZeRO-1 against dp 2, tp and cp's whole state
+and bf16 (needs a GPU: label gpu).
 
   device_runs_check.py bf16 TRAIN_GPT LAUNCH...
   device_runs_check.py resume TRAIN_GPT LAUNCH...
   device_runs_check.py zero1 [--rank-wrapper SCRIPT] TRAIN_GPT LAUNCH...
+  device_runs_check.py layouts [--rank-wrapper SCRIPT] TRAIN_GPT LAUNCH...
 
 The model is device_check.py's (2 layers, hidden 64, 4 heads, seq 32, vocabulary 256, two
 micro-batches of two sequences a step, lr 3e-3).
@@ -42,6 +44,16 @@ zero1: dp 2 with --zero1 (AdamW on each rank's shard of the reduce-scattered gra
   AdamW is elementwise, so the weights stay bit-equal; a shard left ungathered, a moment applied to
   the wrong run or a stale bf16 copy changes the losses from the second step. --rank-wrapper runs
   each rank through SCRIPT (tests/nccl/per_rank_hostid.sh, where the ranks share one GPU).
+
+layouts: one step in fp32 on one GPU (its gradients dumped) against
+  1. one step at lr 0 on one GPU and as tp 2 with sequence parallelism, each saved: the weights
+     (gathered from the tp slices into whole tensors) equal to the bit, since lr 0 leaves the
+     initial weights as they were; AdamW's moments, (1 - beta1) g and (1 - beta2) g^2, within
+     2e-3 of each tensor's largest element (device_check.py's 1e-3 on the gradients, doubled for
+     the square). A slice placed at the wrong rows or columns, or a replicated tensor summed over
+     tp, is off by the tensor's own size;
+  2. bf16 as tp 2 with sequence parallelism, and bf16 as cp 2: every gradient within bf16's band
+     (0.1 of the largest element, as in bf16 above) of the fp32 one GPU's, and not equal to it.
 """
 import filecmp
 import os
@@ -145,6 +157,47 @@ def check_zero1(two, failures):
             failures.append(f"{precision}: dp2 printed {a}, dp2 with --zero1 {b}")
 
 
+def relative_errors(reference, other):
+    """name -> the largest |difference| over the tensor's largest |element| (the loss left out)."""
+    out = {}
+    for name, values in reference.items():
+        if name == "loss" or name not in other or len(other[name]) != len(values):
+            out[name] = float("inf")
+            continue
+        scale = max(abs(v) for v in values) or 1.0
+        out[name] = max(abs(a - b) for a, b in zip(values, other[name])) / scale
+    return out
+
+
+def check_layouts(one, two, tmp, failures):
+    path = lambda name: os.path.join(tmp, name)  # noqa: E731
+    still = ["--steps", "1", "--lr", "0", "--quiet"]
+    run(one + MODEL + ["--steps", "1", "--dump-grads", path("one.grads"), "--quiet"])
+    run(one + MODEL + still + ["--save", path("one.model")])
+    run(two + MODEL + still + ["--tp", "2", "--sequence-parallel", "--save", path("tp2.model")])
+    for suffix, what, bound in (("", "weights", 0.0), (".optimizer", "AdamW's moments", 2e-3)):
+        errors = relative_errors(floats(path("one.model" + suffix)), floats(path("tp2.model" + suffix)))
+        worst = max(errors, key=errors.get)
+        print(f"tp2 + sp at lr 0, saved {what}: {len(errors)} tensors, worst {errors[worst]:.1e} of the largest element "
+              f"({worst}; bound {bound})")
+        if errors[worst] > bound:
+            failures.append(f"tp2 + sp: the saved {what} differ from one GPU's: {worst} by {errors[worst]:.2e} "
+                            f"of its largest element (bound {bound})")
+    reference = floats(path("one.grads"))
+    for layout, what in ((["--tp", "2", "--sequence-parallel"], "tp2 + sp"), (["--cp", "2"], "cp2")):
+        dump = path(what.replace(" ", "").replace("+", "_") + ".grads")
+        out = run(two + MODEL + layout + ["--precision", "bf16", "--steps", "1", "--dump-grads", dump, "--quiet"])
+        if "GPU(s) in bf16" not in out:
+            failures.append(f"bf16 {what} did not say it trains on GPUs in bf16:\n" + out[-2000:])
+        errors = relative_errors(reference, floats(dump))
+        worst = max(errors, key=errors.get)
+        print(f"bf16 {what} against fp32 on one GPU: {len(errors)} gradients, worst {errors[worst]:.1e} ({worst}; band 0.1)")
+        if errors[worst] > 0.1:
+            failures.append(f"bf16 {what}: gradient {worst} off by {errors[worst]:.2e} of fp32's largest element (band 0.1)")
+        if errors[worst] <= 1e-5:
+            failures.append(f"bf16 {what}: the gradients are fp32's to {errors[worst]:.1e}: it does not compute in bf16")
+
+
 def main():
     mode, args = sys.argv[1], sys.argv[2:]
     wrapper = []
@@ -161,8 +214,10 @@ def main():
             check_resume(one, tmp, failures)
         elif mode == "zero1":
             check_zero1(two, failures)
+        elif mode == "layouts":
+            check_layouts(one, two, tmp, failures)
         else:
-            sys.exit(f"device_runs_check: unknown mode '{mode}' (bf16, resume or zero1)")
+            sys.exit(f"device_runs_check: unknown mode '{mode}' (bf16, resume, zero1 or layouts)")
     if failures:
         print("device_runs_check: FAILED:\n" + "\n".join(failures))
         return 1
