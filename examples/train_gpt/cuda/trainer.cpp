@@ -678,7 +678,7 @@ void save_checkpoint(one_gpu_model<T>& model, const options& o, const gpt_config
                      const whole_index& index, const corpus& data, std::int64_t step, std::int64_t sequence,
                      bool writer) {
   using state = typename one_gpu_model<T>::state;
-  // Collective over tp: every rank gathers; the writer alone writes.
+  // Collective over tp: every rank of the tp group gathers; the writer alone writes.
   std::vector<float> params = model.whole_state(index, state::params);
   std::vector<float> exp_avg = model.whole_state(index, state::exp_avg);
   std::vector<float> exp_avg_sq = model.whole_state(index, state::exp_avg_sq);
@@ -863,9 +863,11 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
     WEFT_CHECK_CUDA(cudaMemcpyAsync(host_losses.data(), row_losses.get(), host_losses.size() * sizeof(double),
                                     cudaMemcpyDeviceToHost, stream.get()));
     std::optional<weft::checkpoint::checkpoint_file> dump;
-    // Gathered by every tp group (a collective over tp), written by rank 0.
+    // Gathered by rank 0's tp group (a collective over tp; every dp and cp rank holds the same),
+    // written by rank 0.
+    const bool gathers = coords.dp == 0 && coords.cp == 0;
     std::vector<float> dumped_gradients;
-    if (o.dump_grads) dumped_gradients = model.whole_gradients(index);
+    if (o.dump_grads && gathers) dumped_gradients = model.whole_gradients(index);
     if (o.dump_grads && rank == 0) {
       // trainer::dump_gradients' file: whole gradients (after the dp sum), then the whole global
       // batch's input_ids and labels, and the loss.
@@ -910,9 +912,9 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
       weft::checkpoint::write_safetensors(*o.dump_grads, *dump);
     }
     const bool last = step + 1 == o.steps;
-    // Every dp rank holds the same weights and moments: rank 0's tp group's are the checkpoint
-    // (every tp group gathers its slices; rank 0 writes).
-    if (o.save && (last || (o.save_every > 0 && (step + 1) % o.save_every == 0)))
+    // Every dp and cp rank holds the same weights and moments: rank 0's tp group's are the
+    // checkpoint (gathered from its slices; rank 0 writes).
+    if (o.save && gathers && (last || (o.save_every > 0 && (step + 1) % o.save_every == 0)))
       save_checkpoint(model, o, m, r, index, data, step + 1, position(step + 1).sequence, rank == 0);
     const double step_s = std::chrono::duration<double>(clock::now() - t0).count();
     step_times.push_back(step_s);
