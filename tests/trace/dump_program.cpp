@@ -24,19 +24,11 @@
 
 #include <unistd.h>
 
+#include "busy_loop.hpp"
+
 namespace {
 
 using world_comm = weft::communicator<weft::mpi_backend>;
-
-void loop(world_comm& world, double seconds) {
-  std::vector<float> data(256, 1.0f);
-  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  while (std::chrono::steady_clock::now() < end) {
-    world.all_reduce(data);
-    std::fill(data.begin(), data.end(), 1.0f);
-    usleep(1000);  // leave the cores to the test harness and the other ranks
-  }
-}
 
 void idle(world_comm& world, double seconds) {
   if (world.rank() == 0) {
@@ -71,7 +63,7 @@ int main(int argc, char** argv) {
       std::ofstream(dir + "/pid-" + std::to_string(rank)) << getpid() << "\n";
     }
     world.barrier();
-    if (mode == "loop") loop(world, std::stod(argv[3]));
+    if (mode == "loop") weft_tests::all_reduce_loop(world, std::stod(argv[3]));
     else if (mode == "idle") idle(world, std::stod(argv[3]));
     else throw std::runtime_error("unknown mode '" + mode + "'");
     world.barrier();

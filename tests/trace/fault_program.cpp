@@ -37,19 +37,11 @@
 
 #include <unistd.h>
 
+#include "busy_loop.hpp"
+
 namespace {
 
 using world_comm = weft::communicator<weft::mpi_backend>;
-
-void loop(world_comm& world, double seconds) {
-  std::vector<float> data(256, 1.0f);
-  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  while (std::chrono::steady_clock::now() < end) {
-    world.all_reduce(data);
-    std::fill(data.begin(), data.end(), 1.0f);
-    usleep(1000);  // leave the cores to the test harness and the other ranks
-  }
-}
 
 /// Ranks agree on a few collectives, then the last rank diverges in one way.
 void mismatch(world_comm& world, const std::string& kind) {
@@ -169,7 +161,7 @@ int main(int argc, char** argv) {
     if (mode == "stop" && std::string(argv[3]) == "dup") stop_if(argc > 4 && rank == std::stoi(argv[4]));
     world_comm world(weft::mpi_backend::comm::world(), "world");
     world.barrier();
-    if (mode == "loop") loop(world, std::stod(argv[3]));
+    if (mode == "loop") weft_tests::all_reduce_loop(world, std::stod(argv[3]));
     else if (mode == "mismatch") mismatch(world, argv[3]);
     else if (mode == "stop" && argc == 5) stop_in(world, argv[3], std::stoi(argv[4]));
     else if (mode == "drain" && argc == 5) drain(world, std::stoi(argv[3]), std::stod(argv[4]));
