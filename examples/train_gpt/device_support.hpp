@@ -1,6 +1,6 @@
 #pragma once
 // What the trainer on GPUs (cuda/trainer.cpp) takes: data, tensor (with or without sequence
-// parallelism) and context parallelism (one GPU a rank), fp32
+// parallelism), context and pipeline parallelism (gpipe, 1f1b, interleaved; one GPU a rank), fp32
 // or bf16, the dense model, every activation on each GPU and the optimizer state whole or as a
 // ZeRO-1 shard, the checkpoint files of --save and --resume (without ZeRO-1); no distributed checkpoints, initial weights from a
 // file, validation, traces or JSON logs. A pure check of the flags and the resolved layout, so its
@@ -24,11 +24,14 @@ namespace train_gpt {
 inline std::optional<std::string> cuda_trainer_refusal(const options& o, const weft::layout::layout_spec& degrees,
                                                        int world_size) {
   const auto& d = degrees;
-  if (d.pp != 1 || d.ep != 1 || d.virtual_stages != 1)
-    return "the trainer on the GPU runs data, tensor and context parallelism (pp 1, one GPU a rank), and this run has " +
-           std::to_string(world_size) + " ranks as tp " + std::to_string(d.tp) + " pp " + std::to_string(d.pp) +
-           " dp " + std::to_string(d.dp) + " cp " + std::to_string(d.cp) +
-           ": use --dp, --tp and --cp, or --device cpu for pipeline parallelism";
+  if (d.ep != 1)
+    return "the trainer on the GPU runs data, tensor, context and pipeline parallelism (ep 1, one GPU a rank), and "
+           "this run has " + std::to_string(world_size) + " ranks with ep " + std::to_string(d.ep) +
+           ": drop --ep, or use --device cpu for expert parallelism";
+  if (d.pp > 1 && o.schedule == "zb-h1")
+    return std::string("the trainer on the GPU runs the pipeline schedules gpipe, 1f1b and interleaved; zb-h1 splits "
+                       "backward into input and weight passes, which it does not: use --schedule 1f1b, or --device "
+                       "cpu");
   if (o.model.moe_experts > 0)
     return std::string("the trainer on the GPU runs the dense model (no mixture of experts on it yet): drop "
                        "--moe-experts, or use --device cpu");

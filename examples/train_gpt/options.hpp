@@ -52,9 +52,9 @@ run
                          --val-steps global batches (default 4) every N steps and after the last
 device
   --device KIND          auto (default: CUDA when train_gpt is built with it, every rank sees a GPU and the
-                         GPU trainer takes the run: dp, tp (--sequence-parallel too), cp, --zero1, checkpoints
-                         by --save and --resume FILE; else the CPU), cpu or cuda (refused, with the reason,
-                         where it cannot run)
+                         GPU trainer takes the run: dp, tp (--sequence-parallel too), cp, pp (not zb-h1),
+                         --zero1, checkpoints by --save and --resume FILE; else the CPU), cpu or cuda
+                         (refused, with the reason, where it cannot run)
   --precision P          fp32 (default) or bf16, a GPU precision (bf16 parameters and activations, fp32
                          master weights, optimizer state and gradient reduction)
 layout (degrees multiply to the ranks; dp defaults to ranks / (tp pp cp))

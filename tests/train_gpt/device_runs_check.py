@@ -46,8 +46,8 @@ zero1: dp 2 with --zero1 (AdamW on each rank's shard of the reduce-scattered gra
   each rank through SCRIPT (tests/nccl/per_rank_hostid.sh, where the ranks share one GPU).
 
 layouts: one step in fp32 on one GPU (its gradients dumped) against
-  1. one step at lr 0 on one GPU and as tp 2 with sequence parallelism, each saved: the weights
-     (gathered from the tp slices into whole tensors) equal to the bit, since lr 0 leaves the
+  1. one step at lr 0 on one GPU, as tp 2 with sequence parallelism and as pp 2, each saved: the
+     weights (gathered from the tp slices or the stages into whole tensors) equal to the bit, since lr 0 leaves the
      initial weights as they were; AdamW's moments, (1 - beta1) g and (1 - beta2) g^2, within
      2e-3 of each tensor's largest element (device_check.py's 1e-3 on the gradients, doubled for
      the square). A slice placed at the wrong rows or columns, or a replicated tensor summed over
@@ -174,15 +174,17 @@ def check_layouts(one, two, tmp, failures):
     still = ["--steps", "1", "--lr", "0", "--quiet"]
     run(one + MODEL + ["--steps", "1", "--dump-grads", path("one.grads"), "--quiet"])
     run(one + MODEL + still + ["--save", path("one.model")])
-    run(two + MODEL + still + ["--tp", "2", "--sequence-parallel", "--save", path("tp2.model")])
-    for suffix, what, bound in (("", "weights", 0.0), (".optimizer", "AdamW's moments", 2e-3)):
-        errors = relative_errors(floats(path("one.model" + suffix)), floats(path("tp2.model" + suffix)))
-        worst = max(errors, key=errors.get)
-        print(f"tp2 + sp at lr 0, saved {what}: {len(errors)} tensors, worst {errors[worst]:.1e} of the largest element "
-              f"({worst}; bound {bound})")
-        if errors[worst] > bound:
-            failures.append(f"tp2 + sp: the saved {what} differ from one GPU's: {worst} by {errors[worst]:.2e} "
-                            f"of its largest element (bound {bound})")
+    for layout, what in ((["--tp", "2", "--sequence-parallel"], "tp2 + sp"), (["--pp", "2"], "pp2")):
+        saved = path(what.replace(" ", "").replace("+", "_") + ".model")
+        run(two + MODEL + still + layout + ["--save", saved])
+        for suffix, kind, bound in (("", "weights", 0.0), (".optimizer", "AdamW's moments", 2e-3)):
+            errors = relative_errors(floats(path("one.model" + suffix)), floats(saved + suffix))
+            worst = max(errors, key=errors.get)
+            print(f"{what} at lr 0, saved {kind}: {len(errors)} tensors, worst {errors[worst]:.1e} of the largest "
+                  f"element ({worst}; bound {bound})")
+            if errors[worst] > bound:
+                failures.append(f"{what}: the saved {kind} differ from one GPU's: {worst} by {errors[worst]:.2e} "
+                                f"of its largest element (bound {bound})")
     reference = floats(path("one.grads"))
     for layout, what in ((["--tp", "2", "--sequence-parallel"], "tp2 + sp"), (["--cp", "2"], "cp2")):
         dump = path(what.replace(" ", "").replace("+", "_") + ".grads")

@@ -77,10 +77,10 @@ TEST_CASE("--device cuda that cannot train on a GPU is refused with the reason")
   CHECK(refusal(device_kind::cuda, fp32, cuda_build(0, std::nullopt, 5)) ==
         "--device cuda: no GPU to train on: no CUDA GPU is visible to rank 5: run on a GPU node, or use --device cpu");
   // With GPUs, a run the GPU trainer does not take gets its reason.
-  CHECK(refusal(device_kind::cuda, fp32, cuda_build(4, "the trainer on the GPU runs data, tensor and context parallelism")) ==
-        "--device cuda: the trainer on the GPU runs data, tensor and context parallelism");
+  CHECK(refusal(device_kind::cuda, fp32, cuda_build(4, "the trainer on the GPU does not take --save-dir")) ==
+        "--device cuda: the trainer on the GPU does not take --save-dir");
   // Without them, the missing GPU is said first (it is what to fix before anything else).
-  CHECK(refusal(device_kind::cuda, fp32, cuda_build(0, "the trainer on the GPU runs data, tensor and context parallelism")).find(
+  CHECK(refusal(device_kind::cuda, fp32, cuda_build(0, "the trainer on the GPU does not take --save-dir")).find(
             "no GPU to train on") != std::string::npos);
 }
 
@@ -93,14 +93,14 @@ TEST_CASE("--precision bf16 is refused where the run trains on the CPU") {
             "and --device auto chose the CPU: this train_gpt was built without CUDA") != std::string::npos);
   CHECK(refusal(device_kind::automatic, bf16, cuda_build(0, std::nullopt, 1)).find(
             "and --device auto chose the CPU: no CUDA GPU is visible to rank 1:") != std::string::npos);
-  CHECK(refusal(device_kind::automatic, bf16, cuda_build(2, "the trainer on the GPU runs data, tensor and context parallelism")).find(
-            "and --device auto chose the CPU: the trainer on the GPU runs data, tensor and context parallelism") != std::string::npos);
+  CHECK(refusal(device_kind::automatic, bf16, cuda_build(2, "the trainer on the GPU does not take --save-dir")).find(
+            "and --device auto chose the CPU: the trainer on the GPU does not take --save-dir") != std::string::npos);
   // Where the GPU trainer takes the run, bf16 is its.
   CHECK(choose_device(device_kind::automatic, bf16, cuda_build(2)) == device_kind::cuda);
   CHECK(choose_device(device_kind::cuda, bf16, cuda_build(1)) == device_kind::cuda);
 }
 
-TEST_CASE("the trainer on GPUs takes data, tensor and context parallelism in fp32 or bf16 with --save and --resume, and says "
+TEST_CASE("the trainer on GPUs takes data, tensor, context and pipeline parallelism in fp32 or bf16 with --save and --resume, and says "
           "what to do otherwise") {
   options o;
   CHECK_FALSE(cuda_trainer_refusal(o, one_rank(), 1).has_value());
@@ -108,31 +108,36 @@ TEST_CASE("the trainer on GPUs takes data, tensor and context parallelism in fp3
   o.global_batch = 8;  // gradient accumulation is the GPU trainer's too
   CHECK_FALSE(cuda_trainer_refusal(o, one_rank(), 1).has_value());
 
-  // Data, tensor (with sequence parallelism or without) and context parallelism are the GPU
-  // trainer's (the synchronizer, the sums over tp and ring attention on NCCL); pp, ep and virtual
-  // stages are not.
+  // Data, tensor (with sequence parallelism or without), context and pipeline parallelism are the
+  // GPU trainer's (the synchronizer, the sums over tp, ring attention and the pipeline executor on
+  // NCCL); expert parallelism and the split-backward schedule are not.
   weft::layout::layout_spec dp2 = one_rank();
   dp2.world_size = 2, dp2.dp = 2;
   CHECK_FALSE(cuda_trainer_refusal(o, dp2, 2).has_value());
   weft::layout::layout_spec tp2 = one_rank();
   tp2.world_size = 2, tp2.tp = 2;
   CHECK_FALSE(cuda_trainer_refusal(o, tp2, 2).has_value());
-  weft::layout::layout_spec pp2 = one_rank();
-  pp2.world_size = 2, pp2.pp = 2;
-  CHECK(cuda_trainer_refusal(o, pp2, 2) ==
-        std::string("the trainer on the GPU runs data, tensor and context parallelism (pp 1, one GPU a rank), and this "
-                    "run has 2 ranks as tp 1 pp 2 dp 1 cp 1: use --dp, --tp and --cp, or --device cpu for pipeline "
-                    "parallelism"));
   weft::layout::layout_spec cp2 = one_rank();
   cp2.world_size = 2, cp2.cp = 2;
   CHECK_FALSE(cuda_trainer_refusal(o, cp2, 2).has_value());
-  for (int weft::layout::layout_spec::*degree : {&weft::layout::layout_spec::ep,
-                                                 &weft::layout::layout_spec::virtual_stages}) {
-    weft::layout::layout_spec d = one_rank();
-    d.*degree = 2;
-    CHECK(cuda_trainer_refusal(o, d, 2).value_or("").find("runs data, tensor and context parallelism (pp 1") !=
-          std::string::npos);
-  }
+  weft::layout::layout_spec pp2 = one_rank();
+  pp2.world_size = 2, pp2.pp = 2;
+  CHECK_FALSE(cuda_trainer_refusal(o, pp2, 2).has_value());
+  pp2.virtual_stages = 2;
+  options interleaved = o;
+  interleaved.schedule = "interleaved";
+  CHECK_FALSE(cuda_trainer_refusal(interleaved, pp2, 2).has_value());
+  options zero_bubble = o;
+  zero_bubble.schedule = "zb-h1";
+  CHECK(cuda_trainer_refusal(zero_bubble, pp2, 2) ==
+        std::string("the trainer on the GPU runs the pipeline schedules gpipe, 1f1b and interleaved; zb-h1 splits "
+                    "backward into input and weight passes, which it does not: use --schedule 1f1b, or --device cpu"));
+  CHECK_FALSE(cuda_trainer_refusal(zero_bubble, one_rank(), 1).has_value());  // no pipeline: no schedule runs
+  weft::layout::layout_spec ep2 = one_rank();
+  ep2.world_size = 2, ep2.ep = 2;
+  CHECK(cuda_trainer_refusal(o, ep2, 2) ==
+        std::string("the trainer on the GPU runs data, tensor, context and pipeline parallelism (ep 1, one GPU a rank), "
+                    "and this run has 2 ranks with ep 2: drop --ep, or use --device cpu for expert parallelism"));
 
   // bf16 on GPT-2's shapes (the default model's, and GPT-2 small's vocabulary padded to 50304).
   options bf16;

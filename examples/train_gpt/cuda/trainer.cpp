@@ -1,10 +1,11 @@
 // train_on_cuda (device.hpp): GPT-2 trained on GPUs, one per rank, in fp32 or bf16 (bf16 products
-// on fp32 master weights, one_gpu_model), data, tensor and context parallel over NCCL. Each rank's
-// model calls the operations of kernels.hpp in the order model.hpp calls cpu_kernels' (gpt_model's
-// path without pp, operation for operation; with tp, Megatron's column- and row-parallel layers,
-// the vocabulary-parallel embedding and loss, each sum over tp an all-reduce on the compute
-// stream; with cp, weft::cp::ring_attention around the attention kernel, ring_kernel.hpp), so the
-// first step's loss and gradients are the CPU trainer's to rounding
+// on fp32 master weights, one_gpu_model), data, tensor, context and pipeline parallel over NCCL.
+// Each rank's model calls the operations of kernels.hpp in the order model.hpp calls cpu_kernels'
+// (with tp, Megatron's column- and row-parallel layers, the vocabulary-parallel embedding and
+// loss, each sum over tp an all-reduce on the compute stream; with cp, weft::cp::ring_attention
+// around the attention kernel, ring_kernel.hpp; with pp, weft::pipeline's executor calling each
+// stage's forward and backward per micro-batch), so the first step's loss and gradients are the
+// CPU trainer's to rounding
 // (tests/train_gpt/device_check.py compares them); weft's gradient synchronizer sums the
 // gradients over the dp ranks (NCCL, device buffers) as it does for the CPU trainer over MPI.
 //
@@ -42,6 +43,9 @@
 #include <weft/grad/synchronizer.hpp>
 #include <weft/launch/nccl_bootstrap.hpp>
 #include <weft/layout/process_groups.hpp>
+#include <weft/pipeline/executor.hpp>
+#include <weft/pipeline/schedules.hpp>
+#include <weft/pipeline/verify.hpp>
 
 #include "checkpoint_io.hpp"
 #include "device.hpp"
@@ -63,6 +67,8 @@ struct model_groups {
   nccl_comm* tp = nullptr;
   bool sequence_parallel = false;  ///< with tp: the rows outside the blocks split over tp
   nccl_comm* cp = nullptr;         ///< ring attention over cp ranks holding 2 chunks of each sequence
+  nccl_comm* embedding = nullptr;  ///< pp > 1, on the first and last stage: the tied embedding's two copies
+  nccl_comm* model = nullptr;      ///< tp x pp: the ranks holding one replica (whole tensors are summed over it)
 };
 
 struct cuda_free {
@@ -108,12 +114,16 @@ class one_gpu_model {
   static constexpr bool is_bf16 = std::is_same_v<T, cuda::bf16>;
 
  public:
+  /// `slots`: the micro-batches whose activations the rank holds at once (1 without pp; the
+  /// schedule's peak in flight with it).
   one_gpu_model(const gpt_config& m, int micro_batch, cuda::kernels& k, model_storage storage, const model_place& place,
-                const model_groups& groups)
+                const model_groups& groups, std::size_t slots = 1)
       : m_(m),
         k_(k),
         place_(place),
         tp_(place.tp > 1 ? groups.tp : nullptr),
+        embedding_(place.pp > 1 ? groups.embedding : nullptr),
+        model_(place.tp * place.pp > 1 ? groups.model : nullptr),
         sp_(place.tp > 1 && groups.sequence_parallel),
         cp_(groups.cp != nullptr && groups.cp->size() > 1 ? groups.cp : nullptr),
         split_{.seq = m.seq, .cp = cp_ != nullptr ? cp_->size() : 1, .kind = weft::cp::split_kind::load_balanced},
@@ -132,7 +142,9 @@ class one_gpu_model {
     first_row_ = sp_ ? rows_ * static_cast<std::size_t>(place.tp_rank) : 0;
     heads_ = static_cast<std::size_t>(m.heads);
     local_heads_ = heads_ / static_cast<std::size_t>(place.tp);
-    layers_ = static_cast<std::size_t>(m.layers);
+    chunks_ = static_cast<std::size_t>(place.vp);
+    layers_ = static_cast<std::size_t>(place.layers_per_stage(m));  // each chunk's
+    slots_ = std::max<std::size_t>(slots, 1);
     vocab_ = vocab_block_.real_rows();
     padded_vocab_ = vocab_block_.per_rank;
     total_ = storage_.params_total;
@@ -150,23 +162,26 @@ class one_gpu_model {
     if constexpr (is_bf16) working_ = device_alloc<T>(total_);
     // nc: every row of the micro-batch, a full row of activations per token; ncl: the rank's tp
     // slice of the heads or of the MLP's inner width (a quarter of it); rc: the rank's rows (all of
-    // them without sequence parallelism).
-    const std::size_t nc = n_ * c_, ncl = n_ * cl_, rc = rows_ * c_, l = layers_;
-    stream_ = device_alloc<T>((l + 1) * rc);
+    // them without sequence parallelism). l: the layers whose activations are kept, those of each
+    // chunk for each slot; the residual stream has each chunk's input and every layer's output.
+    const std::size_t nc = n_ * c_, ncl = n_ * cl_, rc = rows_ * c_, l = slots_ * chunks_ * layers_;
+    stream_ = device_alloc<T>((l + slots_ * chunks_) * rc);
     ln1_ = device_alloc<T>(l * nc), ln2_ = device_alloc<T>(l * nc);
     q_ = device_alloc<float>(l * ncl), k_act_ = device_alloc<float>(l * ncl), v_ = device_alloc<float>(l * ncl);
     attn_ = device_alloc<float>(l * ncl), x2_ = device_alloc<T>(l * rc);
     fc_ = device_alloc<T>(l * 4 * ncl), gelu_ = device_alloc<T>(l * 4 * ncl);
     stats_ = device_alloc<float>(4 * l * rows_);  // mean and rstd of ln_1 and ln_2, per layer
     lse_ = device_alloc<float>(l * n_ * local_heads_);
-    head_ln_ = device_alloc<T>(nc), head_stats_ = device_alloc<float>(2 * rows_), head_dh_ = device_alloc<T>(nc);
+    // The head's output gradient and norm statistics, kept from forward to backward per slot.
+    head_ln_ = device_alloc<T>(nc), head_stats_ = device_alloc<float>(slots_ * 2 * rows_);
+    head_dh_ = device_alloc<T>(slots_ * nc);
     qkv_ = device_alloc<T>(3 * ncl), dqkv_ = device_alloc<T>(3 * ncl);
     tmp_ = device_alloc<T>(nc), dx_ = device_alloc<T>(rc), dy_ = device_alloc<T>(rc);
     dx2_ = device_alloc<T>(rc), dln1_ = device_alloc<T>(nc), dln2_ = device_alloc<T>(nc);
     if (sp_) {
       // The rank's rows of what is gathered or reduce-scattered, and the gathered output gradients.
       ln_rows_ = device_alloc<T>(rc), tmp_rows_ = device_alloc<T>(rc), dln1_rows_ = device_alloc<T>(rc);
-      dln2_rows_ = device_alloc<T>(rc), head_dh_rows_ = device_alloc<T>(rc);
+      dln2_rows_ = device_alloc<T>(rc), head_dh_rows_ = device_alloc<T>(slots_ * rc);
       dy_all_ = device_alloc<T>(nc), dx2_all_ = device_alloc<T>(nc);
       if (!is_bf16) embedding_rows_ = device_alloc<float>(nc);  // bf16 allocates it below
       if (is_bf16) embedding_local_ = device_alloc<float>(rc);
@@ -201,7 +216,7 @@ class one_gpu_model {
       WEFT_CHECK_CUDA(
           cudaMemsetAsync(dlogits_products_.get(), 0, chunk_rows_ * padded_vocab_ * sizeof(T), k_.stream()));
     }
-    tokens_ = device_alloc<std::int32_t>(n_), labels_ = device_alloc<std::int32_t>(n_);
+    tokens_ = device_alloc<std::int32_t>(slots_ * n_), labels_ = device_alloc<std::int32_t>(slots_ * n_);
     local_tokens_.resize(n_);
     // Row i is token i % t of its sequence i / t; its position in the sequence is the split's
     // (all of them in order without cp).
@@ -224,6 +239,8 @@ class one_gpu_model {
   }
 
   std::size_t micro_batch_rows() const noexcept { return n_; }
+  /// Elements of the tensor between two pipeline stages: the rank's rows of the residual stream.
+  std::size_t boundary_elements() const noexcept { return rows_ * c_; }
   /// The positions in each sequence of the rank's tokens (weft::cp's load-balanced split over cp).
   std::vector<std::int64_t> sequence_positions() const {
     return weft::cp::positions(split_, cp_ != nullptr ? cp_->rank() : 0);
@@ -263,92 +280,72 @@ class one_gpu_model {
     if (which == state::params) refresh_working_copy();
   }
 
-  /// Forward and backward of one micro-batch (`tokens` and `labels`: its n rows); the gradients are
-  /// added, and each row's loss goes to `row_losses` (device, n doubles).
+  /// Forward and backward of one micro-batch without pipeline stages (`tokens` and `labels`: its
+  /// n rows); the gradients are added, and each row's loss goes to `row_losses` (device, n doubles).
   void forward_backward(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& labels,
                         float loss_scale, double* row_losses) {
-    // Under tp the rank looks up the tokens of its vocabulary block: ids relative to the block,
-    // -1 for the others (model.hpp's embedding_forward).
-    if (tp_ != nullptr) {
-      for (std::size_t t = 0; t < n_; ++t)
-        local_tokens_[t] = vocab_block_.owns(tokens[t]) ? tokens[t] - static_cast<std::int32_t>(vocab_block_.first()) : -1;
-      upload(tokens_.get(), local_tokens_);
-    } else {
-      upload(tokens_.get(), tokens);
-    }
-    upload(labels_.get(), labels);
+    forward(0, 0, tokens, labels, nullptr, nullptr, loss_scale, row_losses);
+    backward(0, 0, nullptr, nullptr);
+  }
+
+  /// Forward of one micro-batch through chunk `chunk`'s layers, its activations kept in `slot`:
+  /// from the tokens on virtual stage 0 (else from `input`, the previous stage's output on the
+  /// device), to the loss on the last virtual stage, whose gradient the head computes at once
+  /// (each row's loss into `row_losses`, device, n doubles; else the output goes to `output`).
+  void forward(std::size_t slot, int chunk, const std::vector<std::int32_t>& tokens,
+               const std::vector<std::int32_t>& labels, const T* input, T* output, float loss_scale,
+               double* row_losses) {
     const std::size_t rc = rows_ * c_;
-    // The lookup covers every row (fp32: into the residual stream itself unless it is split);
-    // `embedded` ends as the rank's rows, in fp32.
-    float* all_rows;
-    if constexpr (is_bf16) all_rows = embedding_rows_.get();
-    else all_rows = sp_ ? embedding_rows_.get() : stream_.get();
-    float* embedded = all_rows;
-    if (tp_ == nullptr) {
-      k_.embedding_forward(tokens_.get(), positions_.get(), master(param_role::wte), master(param_role::wpe), all_rows,
-                           n_, c_);
-    } else {  // the blocks' lookups summed over tp (onto the rank's rows with sp), then the positions added
-      k_.embedding_forward(tokens_.get(), positions_.get(), master(param_role::wte), nullptr, all_rows, n_, c_);
-      float* own_rows = nullptr;
-      if (sp_) {
-        if constexpr (is_bf16) own_rows = embedding_local_.get();
-        else own_rows = stream_.get();
-      }
-      embedded = reduced(all_rows, own_rows);
-      k_.add_positions(positions_.get() + first_row_, master(param_role::wpe), embedded, rows_, c_);
+    T* in = stream_at(slot, chunk, 0);
+    if (place_.first_stage(chunk)) embed(slot, tokens);
+    else copy_rows(in, input, rc);
+    for (std::size_t j = 0; j < layers_; ++j) layer_forward(slot, chunk, j);
+    const T* out = stream_at(slot, chunk, layers_);
+    if (place_.last_stage(chunk)) head(slot, out, labels, loss_scale, row_losses);
+    else copy_rows(output, out, rc);
+  }
+
+  /// Backward of one micro-batch through chunk `chunk` (its activations in `slot`): from the
+  /// head's gradient on the last virtual stage (else from `output_grad`), the gradients added, to
+  /// the embeddings on virtual stage 0 (else the input's gradient into `input_grad`).
+  void backward(std::size_t slot, int chunk, const T* output_grad, T* input_grad) {
+    const std::size_t rc = rows_ * c_;
+    if (place_.last_stage(chunk)) {
+      // The final norm's backward from the head's output gradient (summed over tp in forward).
+      const T* h_in = stream_at(slot, chunk, layers_);
+      const float* mean = head_stats_.get() + slot * 2 * rows_;
+      const float* rstd = mean + rows_;
+      const T* dh = sp_ ? head_dh_rows_.get() + slot * rc : head_dh_.get() + slot * n_ * c_;
+      WEFT_CHECK_CUDA(cudaMemsetAsync(dx_.get(), 0, rc * sizeof(T), k_.stream()));
+      k_.layernorm_backward_input(h_in, param(param_role::ln_f_w), mean, rstd, dh, dx_.get(), rows_, c_);
+      k_.layernorm_backward_params(h_in, mean, rstd, dh, grad(param_role::ln_f_w), grad(param_role::ln_f_b), rows_, c_);
+    } else {
+      copy_rows(dx_.get(), output_grad, rc);
     }
-    if constexpr (is_bf16) k_.convert(embedded, stream_.get(), rc);
-    for (std::size_t l = 0; l < layers_; ++l) layer_forward(l);
-    // The head: final norm, then the logits a chunk of rows at a time, each turned into its gradient.
-    const T* h_in = stream_.get() + layers_ * rc;
-    float* mean = head_stats_.get();
-    float* rstd = head_stats_.get() + rows_;
-    T* ln_out = sp_ ? ln_rows_.get() : head_ln_.get();
-    k_.layernorm_forward(h_in, param(param_role::ln_f_w), param(param_role::ln_f_b), ln_out, mean, rstd, rows_, c_);
-    gathered(ln_out, head_ln_.get());  // every row in head_ln_ (without sp, ln_out is head_ln_)
-    // vocab_: the real tokens of the rank's block (all of them with tp 1); padded_vocab_: the block's rows.
-    for (std::size_t r0 = 0; r0 < n_; r0 += chunk_rows_) {
-      const std::size_t rows = std::min(chunk_rows_, n_ - r0);
-      T* dh = head_dh_.get() + r0 * c_;
-      if constexpr (is_bf16) {
-        const std::size_t v = vocab_, vp = padded_vocab_;
-        k_.logits_forward(head_ln_.get() + r0 * c_, param(param_role::wte), wide_logits_.get(), rows, c_, vp);
-        if (v > 0)
-          WEFT_CHECK_CUDA(cudaMemcpy2DAsync(logits_.get(), v * sizeof(float), wide_logits_.get(), vp * sizeof(float),
-                                            v * sizeof(float), rows, cudaMemcpyDeviceToDevice, k_.stream()));
-        loss(rows, r0, loss_scale, row_losses);
-        if (v > 0) k_.convert_columns(logits_.get(), v, dlogits_products_.get(), vp, v, rows);
-        k_.logits_backward_input(param(param_role::wte), dlogits_products_.get(), dh, rows, c_, vp);
-        k_.logits_backward_weight(head_ln_.get() + r0 * c_, dlogits_products_.get(), grad(param_role::wte), rows, c_, vp);
-      } else if (vocab_ > 0) {
-        k_.logits_forward(head_ln_.get() + r0 * c_, param(param_role::wte), logits_.get(), rows, c_, vocab_);
-        loss(rows, r0, loss_scale, row_losses);
-        k_.logits_backward_input(param(param_role::wte), logits_.get(), dh, rows, c_, vocab_);
-        k_.logits_backward_weight(head_ln_.get() + r0 * c_, logits_.get(), grad(param_role::wte), rows, c_, vocab_);
-      } else {  // a block wholly in the padding: no logits, but the loss's sums over tp still
-        loss(rows, r0, loss_scale, row_losses);
-        WEFT_CHECK_CUDA(cudaMemsetAsync(dh, 0, rows * c_ * sizeof(T), k_.stream()));
-      }
-    }
-    // Each block's part of the final norm's output gradient, summed (onto the rank's rows with sp).
-    const T* dh = reduced(head_dh_.get(), head_dh_rows_.get());
-    // Backward: the final norm, the layers in reverse, the embeddings.
-    WEFT_CHECK_CUDA(cudaMemsetAsync(dx_.get(), 0, rc * sizeof(T), k_.stream()));
-    k_.layernorm_backward_input(h_in, param(param_role::ln_f_w), mean, rstd, dh, dx_.get(), rows_, c_);
-    k_.layernorm_backward_params(h_in, mean, rstd, dh, grad(param_role::ln_f_w), grad(param_role::ln_f_b), rows_, c_);
-    for (std::size_t l = layers_; l-- > 0;) layer_backward(l);
+    for (std::size_t j = layers_; j-- > 0;) layer_backward(slot, chunk, j);
+    if (!place_.first_stage(chunk)) return copy_rows(input_grad, dx_.get(), rc);
     // Every row's gradient (gathered from the tp ranks with sp; whole on every tp rank): the
     // positions' from each row, the block's tokens' from their rows (the other blocks' tokens are
     // -1 here). With sp every rank thus computes wpe's whole gradient, not a partial sum.
     const T* dx_all = gathered(dx_.get(), dy_all_.get());
+    const std::int32_t* tokens = tokens_.get() + slot * n_;
     if constexpr (is_bf16) {
       k_.convert(dx_all, embedding_rows_.get(), n_ * c_);
-      k_.embedding_backward(tokens_.get(), positions_.get(), embedding_rows_.get(), grad(param_role::wte),
+      k_.embedding_backward(tokens, positions_.get(), embedding_rows_.get(), grad(param_role::wte),
                             grad(param_role::wpe), n_, c_);
     } else {
-      k_.embedding_backward(tokens_.get(), positions_.get(), dx_all, grad(param_role::wte), grad(param_role::wpe), n_,
-                            c_);
+      k_.embedding_backward(tokens, positions_.get(), dx_all, grad(param_role::wte), grad(param_role::wpe), n_, c_);
     }
+  }
+
+  /// pp > 1: the tied embedding's two copies (the first stage's input embedding, the last
+  /// stage's output layer) each hold part of its gradient; their sum, on both, once a step.
+  void tie_embeddings() {
+    if (embedding_ == nullptr) return;
+    for (std::size_t i = 0; i < specs_.size(); ++i)
+      if (specs_[i].role == param_role::wte) {
+        pending_.push_back(embedding_->all_reduce_async(std::span<float>(storage_.grad[i], specs_[i].local_elements)));
+      }
   }
 
   /// Sequence parallelism: each tp rank computed the gradients of what tp replicates inside the
@@ -388,8 +385,9 @@ class one_gpu_model {
     WEFT_CHECK_CUDA(cudaMemcpyAsync(device, host.data(), host.size() * sizeof(U), cudaMemcpyHostToDevice, k_.stream()));
   }
   /// Each parameter's local elements (from `local_of(i)`, device) placed in whole tensors on the
-  /// host. Under tp each rank places its slices (what tp replicates, tp rank 0 alone) and the sum
-  /// over tp is the whole.
+  /// host. Under tp and pp each rank places its slices of its stage's tensors (what tp replicates,
+  /// tp rank 0 alone; the tied embedding, the first stage's copy) and the sum over tp x pp is the
+  /// whole (collective over that group).
   template <class Local>
   std::vector<float> whole_of(const whole_index& index, Local&& local_of) {
     std::vector<float> local(total_), whole(index.total, 0.0f);
@@ -399,21 +397,104 @@ class one_gpu_model {
     WEFT_CHECK_CUDA(cudaStreamSynchronize(k_.stream()));
     const ownership own{.tp_rank = place_.tp_rank, .tp = place_.tp, .data_leader = true};  // the CPU trainer's rule
     for (std::size_t i = 0; i < specs_.size(); ++i) {
-      if (!own.owns(specs_[i], /*sharded=*/false)) continue;
+      const bool last_stage_copy = specs_[i].role == param_role::wte && !place_.first_stage(specs_[i].chunk);
+      if (!own.owns(specs_[i], /*sharded=*/false) || last_stage_copy) continue;
       place_local(specs_[i], place_.tp_rank, place_.tp,
                   std::span<const float>(local).subspan(offsets_[i], specs_[i].local_elements),
                   std::span<float>(whole).subspan(index.offset.at(specs_[i].name),
                                                   static_cast<std::size_t>(elements_of(specs_[i].whole))));
     }
-    if (tp_ != nullptr) {
+    if (model_ != nullptr) {
       const device_ptr<float> summed = device_alloc<float>(whole.size());
       upload(summed.get(), whole);
-      tp_->all_reduce(std::span<float>(summed.get(), whole.size()));
+      model_->all_reduce(std::span<float>(summed.get(), whole.size()));
       WEFT_CHECK_CUDA(cudaMemcpyAsync(whole.data(), summed.get(), whole.size() * sizeof(float), cudaMemcpyDeviceToHost,
                                       k_.stream()));
       WEFT_CHECK_CUDA(cudaStreamSynchronize(k_.stream()));
     }
     return whole;
+  }
+
+  /// The residual stream of `slot` and `chunk` before its layer `j` (j = layers_: the chunk's output).
+  T* stream_at(std::size_t slot, int chunk, std::size_t j) const {
+    return stream_.get() + ((slot * chunks_ + static_cast<std::size_t>(chunk)) * (layers_ + 1) + j) * rows_ * c_;
+  }
+  void copy_rows(T* to, const T* from, std::size_t count) {
+    WEFT_CHECK_CUDA(cudaMemcpyAsync(to, from, count * sizeof(T), cudaMemcpyDeviceToDevice, k_.stream()));
+  }
+
+  /// The embeddings of micro-batch `tokens` into the residual stream of `slot` (virtual stage 0).
+  /// Under tp the rank looks up the tokens of its vocabulary block: ids relative to the block, -1
+  /// for the others (model.hpp's embedding_forward).
+  void embed(std::size_t slot, const std::vector<std::int32_t>& tokens) {
+    std::int32_t* ids = tokens_.get() + slot * n_;
+    if (tp_ != nullptr) {
+      for (std::size_t t = 0; t < n_; ++t)
+        local_tokens_[t] = vocab_block_.owns(tokens[t]) ? tokens[t] - static_cast<std::int32_t>(vocab_block_.first()) : -1;
+      upload(ids, local_tokens_);
+    } else {
+      upload(ids, tokens);
+    }
+    T* stream = stream_at(slot, 0, 0);
+    // The lookup covers every row (fp32: into the residual stream itself unless it is split);
+    // `embedded` ends as the rank's rows, in fp32.
+    float* all_rows;
+    if constexpr (is_bf16) all_rows = embedding_rows_.get();
+    else all_rows = sp_ ? embedding_rows_.get() : stream;
+    float* embedded = all_rows;
+    if (tp_ == nullptr) {
+      k_.embedding_forward(ids, positions_.get(), master(param_role::wte), master(param_role::wpe), all_rows, n_, c_);
+    } else {  // the blocks' lookups summed over tp (onto the rank's rows with sp), then the positions added
+      k_.embedding_forward(ids, positions_.get(), master(param_role::wte), nullptr, all_rows, n_, c_);
+      float* own_rows = nullptr;
+      if (sp_) {
+        if constexpr (is_bf16) own_rows = embedding_local_.get();
+        else own_rows = stream;
+      }
+      embedded = reduced(all_rows, own_rows);
+      k_.add_positions(positions_.get() + first_row_, master(param_role::wpe), embedded, rows_, c_);
+    }
+    if constexpr (is_bf16) k_.convert(embedded, stream, rows_ * c_);
+  }
+
+  /// The head on the last virtual stage: the final norm of `h_in` (the rank's rows of `slot`),
+  /// then the logits a chunk of rows at a time, each turned at once into the loss (each row's into
+  /// `row_losses`), the output layer's weight gradient and its input gradient, whose sum over the
+  /// vocabulary blocks (onto the rank's rows with sp) `backward` starts from.
+  void head(std::size_t slot, const T* h_in, const std::vector<std::int32_t>& labels, float loss_scale,
+            double* row_losses) {
+    upload(labels_.get() + slot * n_, labels);
+    float* mean = head_stats_.get() + slot * 2 * rows_;
+    float* rstd = mean + rows_;
+    T* ln_out = sp_ ? ln_rows_.get() : head_ln_.get();
+    k_.layernorm_forward(h_in, param(param_role::ln_f_w), param(param_role::ln_f_b), ln_out, mean, rstd, rows_, c_);
+    gathered(ln_out, head_ln_.get());  // every row in head_ln_ (without sp, ln_out is head_ln_)
+    T* head_dh = head_dh_.get() + slot * n_ * c_;
+    // vocab_: the real tokens of the rank's block (all of them with tp 1); padded_vocab_: the block's rows.
+    for (std::size_t r0 = 0; r0 < n_; r0 += chunk_rows_) {
+      const std::size_t rows = std::min(chunk_rows_, n_ - r0);
+      T* dh = head_dh + r0 * c_;
+      if constexpr (is_bf16) {
+        const std::size_t v = vocab_, vp = padded_vocab_;
+        k_.logits_forward(head_ln_.get() + r0 * c_, param(param_role::wte), wide_logits_.get(), rows, c_, vp);
+        if (v > 0)
+          WEFT_CHECK_CUDA(cudaMemcpy2DAsync(logits_.get(), v * sizeof(float), wide_logits_.get(), vp * sizeof(float),
+                                            v * sizeof(float), rows, cudaMemcpyDeviceToDevice, k_.stream()));
+        loss(slot, rows, r0, loss_scale, row_losses);
+        if (v > 0) k_.convert_columns(logits_.get(), v, dlogits_products_.get(), vp, v, rows);
+        k_.logits_backward_input(param(param_role::wte), dlogits_products_.get(), dh, rows, c_, vp);
+        k_.logits_backward_weight(head_ln_.get() + r0 * c_, dlogits_products_.get(), grad(param_role::wte), rows, c_, vp);
+      } else if (vocab_ > 0) {
+        k_.logits_forward(head_ln_.get() + r0 * c_, param(param_role::wte), logits_.get(), rows, c_, vocab_);
+        loss(slot, rows, r0, loss_scale, row_losses);
+        k_.logits_backward_input(param(param_role::wte), logits_.get(), dh, rows, c_, vocab_);
+        k_.logits_backward_weight(head_ln_.get() + r0 * c_, logits_.get(), grad(param_role::wte), rows, c_, vocab_);
+      } else {  // a block wholly in the padding: no logits, but the loss's sums over tp still
+        loss(slot, rows, r0, loss_scale, row_losses);
+        WEFT_CHECK_CUDA(cudaMemsetAsync(dh, 0, rows * c_ * sizeof(T), k_.stream()));
+      }
+    }
+    reduced(head_dh, sp_ ? head_dh_rows_.get() + slot * rows_ * c_ : nullptr);
   }
 
   /// `count` elements as weft's element type (cuda::bf16 as weft::bfloat16, the same bits).
@@ -452,8 +533,8 @@ class one_gpu_model {
   /// The loss of `rows` rows from r0 on logits_ (this block's real columns): cpu_kernels'
   /// cross-entropy on whole rows, or with tp the vocabulary-parallel one, whose maxima and sums
   /// are reduced over tp between its three steps. logits_ becomes its gradient.
-  void loss(std::size_t rows, std::size_t r0, float loss_scale, double* row_losses) {
-    const std::int32_t* labels = labels_.get() + r0;
+  void loss(std::size_t slot, std::size_t rows, std::size_t r0, float loss_scale, double* row_losses) {
+    const std::int32_t* labels = labels_.get() + slot * n_ + r0;
     if (tp_ == nullptr) return k_.cross_entropy(logits_.get(), labels, rows, vocab_, loss_scale, row_losses + r0);
     const std::size_t first = vocab_block_.first();
     k_.cross_entropy_row_max(logits_.get(), rows, vocab_, row_max_.get());
@@ -500,14 +581,16 @@ class one_gpu_model {
     T *attn_products, *x2, *ln2, *fc, *gelu;
     float *mean1, *rstd1, *mean2, *rstd2;
   };
-  layer_view view(std::size_t l) const {
+  /// Layer j of `chunk`'s activations in `slot`.
+  layer_view view(std::size_t slot, int chunk, std::size_t j) const {
     const std::size_t nc = n_ * c_, ncl = n_ * cl_, rc = rows_ * c_;
+    const std::size_t l = (slot * chunks_ + static_cast<std::size_t>(chunk)) * layers_ + j;
     float* stats = stats_.get() + 4 * l * rows_;
     float* attn = attn_.get() + l * ncl;
     T* attn_products;
     if constexpr (is_bf16) attn_products = attn_products_.get() + l * ncl;
     else attn_products = attn;  // fp32: the products read attention's output itself
-    return {stream_.get() + l * rc,    stream_.get() + (l + 1) * rc, ln1_.get() + l * nc,
+    return {stream_at(slot, chunk, j), stream_at(slot, chunk, j + 1), ln1_.get() + l * nc,
             q_.get() + l * ncl,        k_act_.get() + l * ncl,       v_.get() + l * ncl,
             attn,                      lse_.get() + l * n_ * local_heads_, attn_products,
             x2_.get() + l * rc,        ln2_.get() + l * nc,          fc_.get() + 4 * l * ncl,
@@ -531,9 +614,9 @@ class one_gpu_model {
   /// the MLP's width: cl = c / tp), both c_proj row-parallel, their partial outputs summed over tp
   /// before the (replicated) bias and the residual. The norms and the residual adds run on the
   /// rank's rows (r: all of them without sp); the blocks on every row (n).
-  void layer_forward(std::size_t l) {
-    const layer_view a = view(l);
-    const int layer = static_cast<int>(l);
+  void layer_forward(std::size_t slot, int chunk, std::size_t j) {
+    const layer_view a = view(slot, chunk, j);
+    const int layer = place_.first_layer(m_, chunk) + static_cast<int>(j);
     const std::size_t c = c_, cl = cl_, n = n_, r = rows_, d = c_ / heads_, h = local_heads_;
     T* ln_out = sp_ ? ln_rows_.get() : a.ln1;
     k_.layernorm_forward(a.x, param(param_role::ln_1_w, layer), param(param_role::ln_1_b, layer), ln_out, a.mean1,
@@ -569,17 +652,14 @@ class one_gpu_model {
 
   /// gpt_model::layer_backward_input and layer_backward_weight on one rank: dx_ holds the
   /// gradient of the layer's output in, of its input out.
-  void layer_backward(std::size_t l) {
-    const layer_view a = view(l);
-    const int layer = static_cast<int>(l);
+  void layer_backward(std::size_t slot, int chunk, std::size_t j) {
+    const layer_view a = view(slot, chunk, j);
+    const int layer = place_.first_layer(m_, chunk) + static_cast<int>(j);
     const std::size_t c = c_, cl = cl_, n = n_, r = rows_, d = c_ / heads_, h = local_heads_, rc = rows_ * c_,
                       ncl = n_ * cl_;
-    auto copy = [&](T* to, const T* from, std::size_t count) {
-      WEFT_CHECK_CUDA(cudaMemcpyAsync(to, from, count * sizeof(T), cudaMemcpyDeviceToDevice, k_.stream()));
-    };
     // MLP: y = x2 + c_proj(gelu(c_fc(ln_2(x2)))).
     // The output gradients of the rank's rows (dy_, dx2_), and of every row for the blocks (dy, dx2).
-    copy(dy_.get(), dx_.get(), rc);
+    copy_rows(dy_.get(), dx_.get(), rc);
     const T* dy = gathered(dy_.get(), dy_all_.get());
     k_.linear_backward_input(param(param_role::mlp_proj_w, layer), dy, dgelu_.get(), n, 4 * cl, c);
     k_.gelu_backward(a.fc, dgelu_.get(), dfc_.get(), n * 4 * cl);
@@ -587,7 +667,7 @@ class one_gpu_model {
     // ln_2's output fed every rank's slice of c_fc: its gradient is their sum.
     const T* dln2 = reduced(dln2_.get(), dln2_rows_.get());
     k_.layernorm_backward_input(a.x2, param(param_role::ln_2_w, layer), a.mean2, a.rstd2, dln2, dx_.get(), r, c);
-    copy(dx2_.get(), dx_.get(), rc);
+    copy_rows(dx2_.get(), dx_.get(), rc);
     const T* dx2 = gathered(dx2_.get(), dx2_all_.get());
     // Attention: x2 = x + c_proj(attention(c_attn(ln_1(x)))).
     if constexpr (is_bf16) {
@@ -634,6 +714,8 @@ class one_gpu_model {
   cuda::kernels& k_;
   model_place place_;
   nccl_comm* tp_;  // null with tp 1
+  nccl_comm* embedding_;  // null with pp 1 and on the middle stages
+  nccl_comm* model_;      // tp x pp, null when both are 1
   bool sp_;        // sequence parallelism (tp > 1)
   nccl_comm* cp_;  // null with cp 1
   weft::cp::sequence_split split_;
@@ -644,8 +726,10 @@ class one_gpu_model {
   // c_: the hidden size; cl_: the rank's slice of it (c / tp); vocab_: the real tokens of the
   // rank's vocabulary block; padded_vocab_: the block's rows.
   // n_: the micro-batch's rows; rows_: the rank's (n_ / tp with sp, else n_), from first_row_.
+  // chunks_: the model chunks on this rank (pp's virtual stages); layers_: each chunk's layers;
+  // slots_: the micro-batches whose activations are held at once.
   std::size_t total_ = 0, moments_ = 0, c_ = 0, cl_ = 0, t_ = 0, b_ = 0, n_ = 0, rows_ = 0, first_row_ = 0, heads_ = 0,
-              local_heads_ = 0, layers_ = 0, vocab_ = 0, padded_vocab_ = 0, chunk_rows_ = 1;
+              local_heads_ = 0, chunks_ = 1, layers_ = 0, slots_ = 1, vocab_ = 0, padded_vocab_ = 0, chunk_rows_ = 1;
   std::vector<std::int32_t> local_tokens_;    // tp: the micro-batch's tokens relative to the block
   device_ptr<float> row_max_;                 // tp: the loss's row maxima
   device_ptr<double> row_sums_;               // tp: its exp sums and label logits
@@ -691,8 +775,8 @@ void save_checkpoint(one_gpu_model<T>& model, const options& o, const gpt_config
                         {"data_position", data.sampled() ? "step " + std::to_string(step) + " of the (seed, step) sampler"
                                                          : "sequence " + std::to_string(sequence) + " of the token stream"},
                         {"data_sequence", std::to_string(sequence)},
-                        {"layout", "tp " + std::to_string(r.degrees().tp) + " pp 1 dp " + std::to_string(r.degrees().dp) +
-                                       " cp " + std::to_string(r.degrees().cp)},
+                        {"layout", "tp " + std::to_string(r.degrees().tp) + " pp " + std::to_string(r.degrees().pp) +
+                                       " dp " + std::to_string(r.degrees().dp) + " cp " + std::to_string(r.degrees().cp)},
                         {"precision", o.precision == precision_kind::bf16 ? "bf16" : "fp32"}};
   for (auto& record : whole_records(index, exp_avg, "exp_avg.")) optimizer.tensors.push_back(std::move(record));
   for (auto& record : whole_records(index, exp_avg_sq, "exp_avg_sq.")) optimizer.tensors.push_back(std::move(record));
@@ -752,7 +836,7 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
   constexpr const char* precision = std::is_same_v<T, cuda::bf16> ? "bf16" : "fp32";
   cudaStream_t raw = nullptr;
   // Every rank over NCCL (each rank's GPU chosen by its local rank; the unique id sent over MPI),
-  // split into the layout's groups: tp and dp (Megatron's rank order, as the CPU trainer's).
+  // split into the layout's groups (Megatron's rank order, as the CPU trainer's).
   nccl_comm world = weft::nccl_world();
   if (o.comm_timeout) world.set_timeout(*o.comm_timeout);
   const int rank = world.rank();
@@ -764,21 +848,30 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
   nccl_comm& dp = groups.get(weft::layout::group_kind::dp_cp);
   nccl_comm& tp = groups.tp();
   nccl_comm& cp = groups.get(weft::layout::group_kind::cp);
+  nccl_comm& pp = groups.pp();
+  nccl_comm& model_group = groups.get(weft::layout::group_kind::tp_pp);
+  nccl_comm* embedding =
+      groups.has(weft::layout::group_kind::embedding) ? &groups.get(weft::layout::group_kind::embedding) : nullptr;
   const weft::layout::rank_coordinates coords = groups.coordinates();
-  const model_place place{.tp_rank = coords.tp, .tp = r.degrees().tp};
-  // The sums over tp sit between kernels of one micro-batch: on the compute stream itself.
-  if (place.tp > 1) tp.native().use_stream(stream.get());
-  if (r.degrees().cp > 1) cp.native().use_stream(stream.get());  // the ring's sends and receives too
+  const weft::layout::layout_spec& d = r.degrees();
+  const model_place place{
+      .tp_rank = coords.tp, .tp = d.tp, .pp_rank = coords.pp, .pp = d.pp, .vp = d.virtual_stages};
+  // The sums over tp sit between kernels of one micro-batch, and so do the ring's transfers over
+  // cp, the pipeline's between stages and the tied embedding's sum: each on the compute stream
+  // itself, ordered with the kernels that make and use their data.
+  for (nccl_comm* c : {&tp, &cp, &pp, &model_group, embedding})
+    if (c != nullptr && c->size() > 1) c->native().use_stream(stream.get());
   cuda::kernels k(stream.get(), cuda::gemm_math::fp32);
   // The gradients: the synchronizer's device buffer (fp32 in both precisions, so they are reduced
-  // in fp32), summed over dp after the step's last micro-batch (the loss is already divided by
-  // the global batch's tokens), as the CPU trainer's. With ZeRO-1 (--zero1) it reduce-scatters
-  // them instead, each rank's AdamW updates its shard, and the shards are gathered after the step.
+  // in fp32), added over the step's micro-batches and summed over dp x cp once after the last (the
+  // loss is already divided by the global batch's tokens), as the CPU trainer's. With ZeRO-1
+  // (--zero1) it reduce-scatters them instead, each rank's AdamW updates its shard, and the shards
+  // are gathered after the step.
   using synchronizer = weft::grad::synchronizer<weft::nccl_backend, float>;
   synchronizer sync(dp, weft::grad::sync_options{.bucket_bytes = o.bucket_mb > 0
                                                                      ? static_cast<std::size_t>(o.bucket_mb * (1 << 20))
                                                                      : std::size_t{25} << 20,
-                                                 .accumulation_steps = r.micro_batches,
+                                                 .accumulation_steps = 1,
                                                  .scale = weft::grad::scaling::sum,
                                                  .shard_optimizer_state = o.zero1,
                                                  .warn_if_not_overlapped = false});
@@ -805,8 +898,29 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
       storage.optimizer.push_back(
           {i, 0, specs[i].local_elements, static_cast<std::size_t>(storage.param[i] - storage.params)});
   }
+  // With pp, the schedule (every stage's list of forwards and backwards) and the activations a
+  // stage holds at its peak: the micro-batches whose forward ran and whose backward has not.
+  std::optional<weft::pipeline::schedule> table;
+  std::size_t slots = 1;
+  if (d.pp > 1) {
+    table = weft::pipeline::make_schedule(
+        {.kind = o.schedule == "gpipe"         ? weft::pipeline::schedule_kind::gpipe
+                 : o.schedule == "interleaved" ? weft::pipeline::schedule_kind::interleaved
+                                               : weft::pipeline::schedule_kind::one_f_one_b,
+         .stages = d.pp,
+         .micro_batches = r.micro_batches,
+         .virtual_stages = d.virtual_stages,
+         .layers = m.layers});
+    const std::vector<int> peaks = weft::pipeline::verify(*table).peak_in_flight;
+    slots = static_cast<std::size_t>(std::clamp(peaks.at(static_cast<std::size_t>(coords.pp)), 1, r.micro_batches));
+  }
   one_gpu_model<T> model(m, r.choice.micro_batch, k, std::move(storage), place,
-                         {.tp = &tp, .sequence_parallel = r.sequence_parallel(), .cp = &cp});
+                         {.tp = &tp,
+                          .sequence_parallel = r.sequence_parallel(),
+                          .cp = &cp,
+                          .embedding = embedding,
+                          .model = &model_group},
+                         slots);
   const whole_index index(m);
   // Where the run starts: step 0 and the first sequence, or the checkpoint's step and position.
   std::int64_t first_step = 0, first_sequence = 0;
@@ -828,44 +942,82 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
   const device_ptr<double> row_losses = device_alloc<double>(static_cast<std::size_t>(r.micro_batches) * n);
   const device_ptr<double> loss_sum = device_alloc<double>(1);
   std::vector<double> host_losses(static_cast<std::size_t>(r.micro_batches) * n);
-  std::vector<std::int32_t> tokens(n), labels(n);
+  std::vector<std::vector<std::int32_t>> tokens(static_cast<std::size_t>(r.micro_batches), std::vector<std::int32_t>(n)),
+      labels = tokens;
+  // The loss is the last stage's, the same on its tp ranks: counted once, by tp rank 0 there.
+  const bool counts_loss = place.last_stage(place.vp - 1) && coords.tp == 0;
+  // The pipeline: the boundary tensors in device memory of the products' type, transfers on the
+  // compute stream; each (micro-batch, chunk) runs in the schedule's order.
+  using boundary = std::conditional_t<std::is_same_v<T, cuda::bf16>, weft::bfloat16, T>;
+  static_assert(sizeof(boundary) == sizeof(T));
+  std::vector<device_ptr<boundary>> boundary_buffers;
+  std::optional<weft::pipeline::executor<weft::nccl_backend, boundary>> pipeline;
+  if (table) {
+    auto as_model = [](auto* p) { return reinterpret_cast<std::conditional_t<std::is_const_v<std::remove_pointer_t<decltype(p)>>, const T*, T*>>(p); };
+    weft::pipeline::stage_callbacks<boundary> callbacks;
+    callbacks.forward = [&, as_model](int mb, int chunk, std::span<const boundary> input, std::span<boundary> output) {
+      const auto i = static_cast<std::size_t>(mb);
+      model.forward(i % slots, chunk, tokens[i], labels[i], as_model(input.data()), as_model(output.data()), loss_scale,
+                    row_losses.get() + i * n);
+    };
+    callbacks.backward = [&, as_model](int mb, int chunk, std::span<const boundary> output_grad,
+                                       std::span<boundary> input_grad) {
+      model.backward(static_cast<std::size_t>(mb) % slots, chunk, as_model(output_grad.data()),
+                     as_model(input_grad.data()));
+    };
+    pipeline.emplace(pp, std::move(*table), callbacks,
+                     weft::pipeline::executor_options<boundary>{
+                         .elements = model.boundary_elements(),
+                         .layers = m.layers,
+                         .allocate = [&](std::size_t elements) {
+                           boundary_buffers.push_back(device_alloc<boundary>(elements));
+                           return std::span<boundary>(boundary_buffers.back().get(), elements);
+                         }});
+  }
   std::vector<double> step_times;
   double first_loss = 0, last_loss = 0;
   if (rank == 0)
     std::printf("train_gpt: %d layers, hidden %d, %d heads, vocab %d, seq %d (%.2f M parameters) on %d GPU(s) in %s: "
-                "tp %d dp %d cp %d%s, global batch %d = %d micro-batch(es) of %d per dp rank\n",
+                "tp %d pp %d dp %d cp %d%s, %s schedule, global batch %d = %d micro-batch(es) of %d per dp rank\n",
                 m.layers, m.hidden, m.heads, m.vocab, m.seq, static_cast<double>(m.parameter_count()) / 1e6,
-                world.size(), precision, tp.size(), r.degrees().dp, cp.size(), o.zero1 ? " +zero1" : "",
-                r.global_batch, r.micro_batches, r.choice.micro_batch);
+                world.size(), precision, d.tp, d.pp, d.dp, d.cp, o.zero1 ? " +zero1" : "",
+                d.pp > 1 ? o.schedule.c_str() : "no pipeline", r.global_batch, r.micro_batches, r.choice.micro_batch);
   const auto run_start = clock::now();
   for (std::int64_t step = first_step; step < o.steps; ++step) {
     const auto t0 = clock::now();
     const data_position at = position(step);
-    // The dp rank's sequences (every tp rank of a dp group reads the same).
+    // The dp rank's sequences (every tp, cp and pp rank of a dp group reads the same).
     const std::vector<std::int32_t> slice =
         data.sequences(at, static_cast<std::int64_t>(coords.dp) * per_dp, per_dp, m.seq);
-    for (int mb = 0; mb < r.micro_batches; ++mb) {
+    for (std::size_t mb = 0; mb < tokens.size(); ++mb) {
       // Row i of the micro-batch is the rank's token i % t of its sequence i / t (t = seq / cp):
       // the token at that position of the sequence, and the next as its label (trainer::fill_batches).
       for (std::size_t i = 0; i < n; ++i) {
         const std::int32_t* s =
-            slice.data() + (static_cast<std::size_t>(mb * r.choice.micro_batch) + i / own_positions.size()) * seq1;
+            slice.data() + (mb * static_cast<std::size_t>(r.choice.micro_batch) + i / own_positions.size()) * seq1;
         const auto p = static_cast<std::size_t>(own_positions[i % own_positions.size()]);
-        tokens[i] = s[p];
-        labels[i] = s[p + 1];
+        tokens[mb][i] = s[p];
+        labels[mb][i] = s[p + 1];
       }
-      model.forward_backward(tokens, labels, loss_scale, row_losses.get() + static_cast<std::size_t>(mb) * n);
-      if (mb + 1 == r.micro_batches) model.sum_row_split_gradients();  // sequence parallelism's, once a step
-      // Every gradient is complete for this micro-batch: the last one's reduction starts, and the
-      // compute stream waits for it (the others return at once).
-      sync.reduce_all();
     }
+    if (pipeline) {
+      pipeline->run();
+    } else {
+      for (std::size_t mb = 0; mb < tokens.size(); ++mb)
+        model.forward_backward(tokens[mb], labels[mb], loss_scale, row_losses.get() + mb * n);
+    }
+    // Every gradient of the step is added: the sums over tp (sequence parallelism's) and between
+    // the tied embedding's copies (pp), then the reduction over dp x cp, which the compute stream
+    // waits for.
+    model.sum_row_split_gradients();
+    model.tie_embeddings();
+    sync.reduce_all();
     WEFT_CHECK_CUDA(cudaMemcpyAsync(host_losses.data(), row_losses.get(), host_losses.size() * sizeof(double),
                                     cudaMemcpyDeviceToHost, stream.get()));
     std::optional<weft::checkpoint::checkpoint_file> dump;
     // Gathered by rank 0's tp group (a collective over tp; every dp and cp rank holds the same),
     // written by rank 0.
-    const bool gathers = coords.dp == 0 && coords.cp == 0;
+    const bool gathers = coords.dp == 0 && coords.cp == 0;  // rank 0's tp x pp group
     std::vector<float> dumped_gradients;
     if (o.dump_grads && gathers) dumped_gradients = model.whole_gradients(index);
     if (o.dump_grads && rank == 0) {
@@ -895,15 +1047,15 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
     WEFT_CHECK_CUDA(cudaStreamSynchronize(stream.get()));
     model.settle();
     // Summed as the CPU trainer sums them: each micro-batch's rows in order, the micro-batches,
-    // then the ranks.
+    // then the ranks (each row counted once: on the last stage, by its tp rank 0).
     double loss = 0;
-    for (int mb = 0; mb < r.micro_batches; ++mb) {
+    for (int mb = 0; counts_loss && mb < r.micro_batches; ++mb) {
       double part = 0;
       for (std::size_t t = 0; t < n; ++t) part += host_losses[static_cast<std::size_t>(mb) * n + t];
       loss += part;
     }
     WEFT_CHECK_CUDA(cudaMemcpy(loss_sum.get(), &loss, sizeof(double), cudaMemcpyHostToDevice));
-    dp.all_reduce(std::span<double>(loss_sum.get(), 1));
+    world.all_reduce(std::span<double>(loss_sum.get(), 1));
     WEFT_CHECK_CUDA(cudaMemcpy(&loss, loss_sum.get(), sizeof(double), cudaMemcpyDeviceToHost));
     loss /= tokens_per_step;
     if (dump) {
@@ -928,12 +1080,12 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
   }
   if (rank == 0) {
     const double median = median_step_seconds(step_times);
-    std::printf("done: %lld steps, loss %.4f -> %.4f, median step %.1f ms, %.0f tokens/s, %.1f s in all (tp %d dp %d "
-                "cp %d on GPUs, %s, %d micro-batches of %d)\n",
+    std::printf("done: %lld steps, loss %.4f -> %.4f, median step %.1f ms, %.0f tokens/s, %.1f s in all (tp %d pp %d dp "
+                "%d cp %d on GPUs, %s, %d micro-batches of %d)\n",
                 static_cast<long long>(o.steps - first_step), first_loss, last_loss, median * 1e3,
                 median > 0 ? tokens_per_step / median : 0.0,
-                std::chrono::duration<double>(clock::now() - run_start).count(), tp.size(), r.degrees().dp, cp.size(),
-                precision, r.micro_batches, r.choice.micro_batch);
+                std::chrono::duration<double>(clock::now() - run_start).count(), d.tp, d.pp, d.dp, d.cp, precision,
+                r.micro_batches, r.choice.micro_batch);
   }
   return 0;
 }
