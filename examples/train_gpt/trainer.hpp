@@ -29,6 +29,7 @@
 #include <weft/layout/layout.hpp>
 #include <weft/layout/process_groups.hpp>
 #include <weft/pipeline/executor.hpp>
+#include <weft/pipeline/schedule_kind.hpp>
 #include <weft/pipeline/schedules.hpp>
 
 #include "checkpoint_io.hpp"
@@ -183,6 +184,23 @@ inline std::int64_t max_rss_bytes() {
 /// The optimizer-state file that goes with a model file.
 inline std::string optimizer_path(const std::string& model_path) { return model_path + ".optimizer"; }
 
+/// Where a rank's part of the model is: its coordinates on the run's layout.
+inline model_place place_of(const weft::layout::rank_coordinates& at, const weft::layout::layout_spec& d) {
+  return {.tp_rank = at.tp, .tp = d.tp, .pp_rank = at.pp, .pp = d.pp, .vp = d.virtual_stages, .ep_rank = at.ep, .ep = d.ep};
+}
+
+/// The run's pipeline schedule: --schedule (weft::pipeline's names, checked with the options) over
+/// its stages, micro-batches and model chunks.
+inline weft::pipeline::schedule run_schedule(const options& o, const run_layout& r, int layers) {
+  const std::optional<weft::pipeline::schedule_kind> kind = weft::pipeline::parse_schedule_kind(o.schedule);
+  if (!kind) throw std::logic_error("train_gpt: the schedule '" + o.schedule + "' passed the options' check");
+  return weft::pipeline::make_schedule({.kind = *kind,
+                                        .stages = r.degrees().pp,
+                                        .micro_batches = r.micro_batches,
+                                        .virtual_stages = r.degrees().virtual_stages,
+                                        .layers = layers});
+}
+
 /// What every resumed run checks against its checkpoint at `path` (alike on every rank, on the CPU
 /// and on GPUs): the data order (seed), a step left to train after `step`, and the global batch
 /// (when the checkpoint records it).
@@ -220,13 +238,7 @@ class trainer {
       : world_(world), o_(std::move(o)), m_(m), r_(r), data_(data), predicted_(predicted_step_s),
         groups_(world, weft::layout::rank_layout(r.degrees())),
         coords_(groups_.coordinates()),
-        place_{.tp_rank = coords_.tp,
-               .tp = r.degrees().tp,
-               .pp_rank = coords_.pp,
-               .pp = r.degrees().pp,
-               .vp = r.degrees().virtual_stages,
-               .ep_rank = coords_.ep,
-               .ep = r.degrees().ep},
+        place_(place_of(coords_, r.degrees())),
         specs_(rank_parameters(m_, place_)),
         model_({.model = m_, .place = place_, .sequence_parallel = r.sequence_parallel(),
                 .micro_batch = r.choice.micro_batch, .cp = r.degrees().cp, .recompute = r.choice.recompute_mode,
@@ -429,16 +441,7 @@ class trainer {
       mark_seconds += std::chrono::duration<double>(clock::now() - t1).count();
       trace_.add("gradients handed to the reduction", "dp reduction", t1, clock::now());
     });
-    weft::pipeline::schedule table = weft::pipeline::make_schedule(
-        {.kind = o_.schedule == "gpipe"         ? weft::pipeline::schedule_kind::gpipe
-                 : o_.schedule == "interleaved" ? weft::pipeline::schedule_kind::interleaved
-                 : o_.schedule == "zb-h1"       ? weft::pipeline::schedule_kind::zb_h1
-                                                : weft::pipeline::schedule_kind::one_f_one_b,
-         .stages = place_.pp,
-         .micro_batches = r_.micro_batches,
-         .virtual_stages = place_.vp,
-         .layers = m_.layers});
-    weft::pipeline::executor<B, float> pipeline(groups_.pp(), std::move(table), callbacks,
+    weft::pipeline::executor<B, float> pipeline(groups_.pp(), run_schedule(o_, r_, m_.layers), callbacks,
                                                {.elements = model_.boundary_elements(), .layers = m_.layers});
 
     std::ofstream log_json;

@@ -854,8 +854,7 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
       groups.has(weft::layout::group_kind::embedding) ? &groups.get(weft::layout::group_kind::embedding) : nullptr;
   const weft::layout::rank_coordinates coords = groups.coordinates();
   const weft::layout::layout_spec& d = r.degrees();
-  const model_place place{
-      .tp_rank = coords.tp, .tp = d.tp, .pp_rank = coords.pp, .pp = d.pp, .vp = d.virtual_stages};
+  const model_place place = place_of(coords, d);
   // The sums over tp sit between kernels of one micro-batch, and so do the ring's transfers over
   // cp, the pipeline's between stages and the tied embedding's sum: each on the compute stream
   // itself, ordered with the kernels that make and use their data.
@@ -903,14 +902,7 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
   std::optional<weft::pipeline::schedule> table;
   std::size_t slots = 1;
   if (d.pp > 1) {
-    table = weft::pipeline::make_schedule(
-        {.kind = o.schedule == "gpipe"         ? weft::pipeline::schedule_kind::gpipe
-                 : o.schedule == "interleaved" ? weft::pipeline::schedule_kind::interleaved
-                                               : weft::pipeline::schedule_kind::one_f_one_b,
-         .stages = d.pp,
-         .micro_batches = r.micro_batches,
-         .virtual_stages = d.virtual_stages,
-         .layers = m.layers});
+    table = run_schedule(o, r, m.layers);  // not zb-h1 (cuda_trainer_refusal)
     const std::vector<int> peaks = weft::pipeline::verify(*table).peak_in_flight;
     slots = static_cast<std::size_t>(std::clamp(peaks.at(static_cast<std::size_t>(coords.pp)), 1, r.micro_batches));
   }
