@@ -48,7 +48,8 @@ inline std::optional<std::string> cuda_trainer_refusal(const options& o, const w
            "rows of 16 bytes), and it is " + std::to_string(o.model.hidden) + ": give --hidden " +
            std::to_string((o.model.hidden / (8 * d.tp) + 1) * 8 * d.tp) + ", or train in fp32";
   const long long divisor = std::max(o.model.vocab_divisible_by, 1);
-  // The tied output layer's width on a rank: its block of the padded vocabulary (all of it with tp 1).
+  // The tied output layer's width on a rank: its block of the padded vocabulary (all of it with tp 1);
+  // partition_vocab takes positive sizes only, which the options and the layout check themselves.
   if (o.precision == precision_kind::bf16 && o.model.vocab > 0 && d.tp >= 1 &&
       weft::tp::partition_vocab(static_cast<std::size_t>(o.model.vocab), d.tp, 0, static_cast<std::size_t>(divisor))
                   .per_rank % 8 != 0)

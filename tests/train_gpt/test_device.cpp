@@ -41,6 +41,14 @@ weft::layout::layout_spec one_rank() {
   return d;
 }
 
+/// `ranks` ranks, all of them along `degree` (the other degrees 1).
+weft::layout::layout_spec ranks_along(int weft::layout::layout_spec::*degree, int ranks) {
+  weft::layout::layout_spec d = one_rank();
+  d.world_size = ranks;
+  d.*degree = ranks;
+  return d;
+}
+
 }  // namespace
 
 TEST_CASE("the flags' words") {
@@ -111,18 +119,11 @@ TEST_CASE("the trainer on GPUs takes data, tensor, context and pipeline parallel
   // Data, tensor (with sequence parallelism or without), context and pipeline parallelism are the
   // GPU trainer's (the synchronizer, the sums over tp, ring attention and the pipeline executor on
   // NCCL); expert parallelism and the split-backward schedule are not.
-  weft::layout::layout_spec dp2 = one_rank();
-  dp2.world_size = 2, dp2.dp = 2;
-  CHECK_FALSE(cuda_trainer_refusal(o, dp2, 2).has_value());
-  weft::layout::layout_spec tp2 = one_rank();
-  tp2.world_size = 2, tp2.tp = 2;
-  CHECK_FALSE(cuda_trainer_refusal(o, tp2, 2).has_value());
-  weft::layout::layout_spec cp2 = one_rank();
-  cp2.world_size = 2, cp2.cp = 2;
-  CHECK_FALSE(cuda_trainer_refusal(o, cp2, 2).has_value());
-  weft::layout::layout_spec pp2 = one_rank();
-  pp2.world_size = 2, pp2.pp = 2;
-  CHECK_FALSE(cuda_trainer_refusal(o, pp2, 2).has_value());
+  using spec = weft::layout::layout_spec;
+  const spec dp2 = ranks_along(&spec::dp, 2), tp2 = ranks_along(&spec::tp, 2);
+  for (int spec::*degree : {&spec::dp, &spec::tp, &spec::cp, &spec::pp})
+    CHECK_FALSE(cuda_trainer_refusal(o, ranks_along(degree, 2), 2).has_value());
+  spec pp2 = ranks_along(&spec::pp, 2);
   pp2.virtual_stages = 2;
   options interleaved = o;
   interleaved.schedule = "interleaved";
@@ -133,9 +134,7 @@ TEST_CASE("the trainer on GPUs takes data, tensor, context and pipeline parallel
         std::string("the trainer on the GPU runs the pipeline schedules gpipe, 1f1b and interleaved; zb-h1 splits "
                     "backward into input and weight passes, which it does not: use --schedule 1f1b, or --device cpu"));
   CHECK_FALSE(cuda_trainer_refusal(zero_bubble, one_rank(), 1).has_value());  // no pipeline: no schedule runs
-  weft::layout::layout_spec ep2 = one_rank();
-  ep2.world_size = 2, ep2.ep = 2;
-  CHECK(cuda_trainer_refusal(o, ep2, 2) ==
+  CHECK(cuda_trainer_refusal(o, ranks_along(&spec::ep, 2), 2) ==
         std::string("the trainer on the GPU runs data, tensor, context and pipeline parallelism (ep 1, one GPU a rank), "
                     "and this run has 2 ranks with ep 2: drop --ep, or use --device cpu for expert parallelism"));
 
@@ -176,8 +175,7 @@ TEST_CASE("the trainer on GPUs takes data, tensor, context and pipeline parallel
   bf16.model.hidden = 768;
   bf16.model.vocab = 256;
   bf16.model.vocab_divisible_by = 4;  // 256 whole (a multiple of 8), but blocks of 4 x k over tp 4: 64 a rank
-  weft::layout::layout_spec tp4 = one_rank();
-  tp4.world_size = 4, tp4.tp = 4;
+  const weft::layout::layout_spec tp4 = ranks_along(&weft::layout::layout_spec::tp, 4);
   CHECK_FALSE(cuda_trainer_refusal(bf16, tp4, 4).has_value());
   bf16.model.vocab = 250;  // padded to 256 over tp 4 (multiples of 16): 64 a rank
   CHECK_FALSE(cuda_trainer_refusal(bf16, tp4, 4).has_value());

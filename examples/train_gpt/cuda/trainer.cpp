@@ -183,8 +183,8 @@ class one_gpu_model {
       ln_rows_ = device_alloc<T>(rc), tmp_rows_ = device_alloc<T>(rc), dln1_rows_ = device_alloc<T>(rc);
       dln2_rows_ = device_alloc<T>(rc), head_dh_rows_ = device_alloc<T>(slots_ * rc);
       dy_all_ = device_alloc<T>(nc), dx2_all_ = device_alloc<T>(nc);
-      if (!is_bf16) embedding_rows_ = device_alloc<float>(nc);  // bf16 allocates it below
-      if (is_bf16) embedding_local_ = device_alloc<float>(rc);
+      if constexpr (is_bf16) embedding_local_ = device_alloc<float>(rc);
+      else embedding_rows_ = device_alloc<float>(nc);  // bf16 allocates it below
     }
     dattn_ = device_alloc<float>(ncl), dq_ = device_alloc<float>(ncl), dk_ = device_alloc<float>(ncl);
     dv_ = device_alloc<float>(ncl);
@@ -266,7 +266,7 @@ class one_gpu_model {
 
   /// The three states a checkpoint holds, each as whole tensors (checkpoint order: the padded
   /// vocabulary rows left out), and back. Not with ZeRO-1 (each rank holds a shard of the moments).
-  /// whole_state is collective over tp (the slices summed into whole tensors).
+  /// whole_state is collective over tp x pp (the slices and stages summed into whole tensors).
   enum class state { params, exp_avg, exp_avg_sq };
   std::vector<float> whole_state(const whole_index& index, state which) {
     return whole_of(index, [&](std::size_t i) -> const float* { return of(which) + offsets_[i]; });
@@ -372,7 +372,7 @@ class one_gpu_model {
   }
 
   /// The gradients as whole tensors in checkpoint order (the padded vocabulary rows left out);
-  /// collective over tp.
+  /// collective over tp x pp.
   std::vector<float> whole_gradients(const whole_index& index) {
     return whole_of(index, [&](std::size_t i) -> const float* { return storage_.grad[i]; });
   }
@@ -840,8 +840,8 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
   nccl_comm world = weft::nccl_world();
   if (o.comm_timeout) world.set_timeout(*o.comm_timeout);
   const int rank = world.rank();
-  // The compute stream (on the GPU nccl_world selected) outlives the groups, whose tp
-  // communicator enqueues on it.
+  // The compute stream (on the GPU nccl_world selected) outlives the groups, whose tp, cp, pp,
+  // tp x pp and embedding communicators enqueue on it.
   WEFT_CHECK_CUDA(cudaStreamCreateWithFlags(&raw, cudaStreamNonBlocking));
   const std::unique_ptr<CUstream_st, stream_deleter> stream(raw);
   weft::process_groups<weft::nccl_backend> groups(world, weft::layout::rank_layout(r.degrees()));
@@ -1007,9 +1007,9 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
     WEFT_CHECK_CUDA(cudaMemcpyAsync(host_losses.data(), row_losses.get(), host_losses.size() * sizeof(double),
                                     cudaMemcpyDeviceToHost, stream.get()));
     std::optional<weft::checkpoint::checkpoint_file> dump;
-    // Gathered by rank 0's tp group (a collective over tp; every dp and cp rank holds the same),
-    // written by rank 0.
-    const bool gathers = coords.dp == 0 && coords.cp == 0;  // rank 0's tp x pp group
+    // Gathered by rank 0's tp x pp group (a collective over it; every dp and cp rank holds the
+    // same), written by rank 0.
+    const bool gathers = coords.dp == 0 && coords.cp == 0;
     std::vector<float> dumped_gradients;
     if (o.dump_grads && gathers) dumped_gradients = model.whole_gradients(index);
     if (o.dump_grads && rank == 0) {
@@ -1056,8 +1056,8 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
       weft::checkpoint::write_safetensors(*o.dump_grads, *dump);
     }
     const bool last = step + 1 == o.steps;
-    // Every dp and cp rank holds the same weights and moments: rank 0's tp group's are the
-    // checkpoint (gathered from its slices; rank 0 writes).
+    // Every dp and cp rank holds the same weights and moments: rank 0's tp x pp group's are the
+    // checkpoint (gathered from its slices and stages; rank 0 writes).
     if (o.save && gathers && (last || (o.save_every > 0 && (step + 1) % o.save_every == 0)))
       save_checkpoint(model, o, m, r, index, data, step + 1, position(step + 1).sequence, rank == 0);
     const double step_s = std::chrono::duration<double>(clock::now() - t0).count();
