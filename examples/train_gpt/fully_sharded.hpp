@@ -19,6 +19,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -43,22 +44,24 @@ constexpr bool runs_fully_sharded(weft::tune::sharding level) noexcept {
   return level == weft::tune::sharding::gradients || level == weft::tune::sharding::full;
 }
 
-/// Why hybrid sharding cannot split the dp x cp groups of `layout` by nodes of `ranks_per_node`
-/// ranks (every node must hold as many ranks of a group as every other node that holds any),
-/// or nothing. Pure, so every rank finds the same answer before any group is split.
-inline std::optional<std::string> hybrid_shard_problem(const weft::layout::rank_layout& layout, int ranks_per_node) {
+/// Why hybrid sharding cannot split the dp x cp groups of `layout` by the nodes that hold their
+/// ranks (`node_of_rank[r]`: world rank r's node; every node must hold as many ranks of a group as
+/// every other node that holds any), or nothing. `nodes` says where the node numbers come from.
+/// Pure, so every rank finds the same answer before any group is split.
+inline std::optional<std::string> hybrid_shard_problem(const weft::layout::rank_layout& layout,
+                                                       std::span<const int> node_of_rank, std::string_view nodes) {
   for (const std::vector<int>& group : layout.groups(weft::layout::group_kind::dp_cp)) {
     std::map<int, int> per_node;
-    for (int rank : group) ++per_node[weft::layout::node_of(rank, ranks_per_node)];
+    for (int rank : group) ++per_node[node_of_rank[static_cast<std::size_t>(rank)]];
     std::string ranks;
     for (int rank : group) ranks += (ranks.empty() ? "" : ", ") + std::to_string(rank);
     for (const auto& [node, count] : per_node)
       if (count != per_node.begin()->second)
-        return "--sharding hsdp: with " + std::to_string(ranks_per_node) + " ranks per node the dp x cp group of ranks " +
-               ranks + " has " + std::to_string(per_node.begin()->second) +
-               " ranks on node " + std::to_string(per_node.begin()->first) + " but " + std::to_string(count) +
-               " on node " + std::to_string(node) + "; hybrid sharding needs equal shard groups: launch whole "
-               "nodes of dp x cp ranks, or give --ranks-per-node a divisor of dp x cp";
+        return "--sharding hsdp: with " + std::string(nodes) + " the dp x cp group of ranks " + ranks + " has " +
+               std::to_string(per_node.begin()->second) + " ranks on node " + std::to_string(per_node.begin()->first) +
+               " but " + std::to_string(count) + " on node " + std::to_string(node) +
+               "; hybrid sharding needs equal shard groups: launch whole nodes of dp x cp ranks, or give "
+               "--ranks-per-node a divisor of dp x cp";
   }
   return std::nullopt;
 }
@@ -72,10 +75,10 @@ class fully_sharded {
  public:
   struct settings {
     weft::tune::sharding level = weft::tune::sharding::full;
-    /// HSDP: shard over the dp x cp ranks of one node, replicate across nodes of `ranks_per_node`.
+    /// HSDP: shard over the dp x cp ranks of one node, replicate across nodes; `node` is the
+    /// index of this rank's node.
     bool hybrid = false;
-    int ranks_per_node = 1;
-    int world_rank = 0;
+    int node = 0;
     int micro_batches = 1;
     /// tp's sequence parallelism: the replicated parameters' gradients are partial sums over tp.
     bool sequence_parallel = false;
@@ -93,7 +96,7 @@ class fully_sharded {
                                            .scale = weft::grad::scaling::sum,  // the loss is scaled by 1 / global tokens
                                            .reduce_dtype = weft::dtype::float32};
     if (s.hybrid) {
-      groups_.emplace(weft::fsdp::split_by_node(dp_cp, s.world_rank, s.ranks_per_node));
+      groups_.emplace(weft::fsdp::split_by_node(dp_cp, s.node));
       model_ = std::make_unique<sharded>(groups_->shard, groups_->replicate, options);
     } else {
       model_ = std::make_unique<sharded>(dp_cp, options);

@@ -75,7 +75,7 @@ layout (degrees multiply to the ranks; dp defaults to ranks / (tp pp cp))
                          embeddings and final norm as the root), hsdp (zero3 inside a node, replicated across
                          nodes); zero2, zero3 and hsdp need --pp 1 and the 1f1b schedule
   --zero1                the same as --sharding zero1
-  --ranks-per-node N     with --sharding hsdp: the ranks of a node (default: the launcher's ranks on this node)
+  --ranks-per-node N     with --sharding hsdp: nodes of N consecutive ranks (default: the launcher's nodes)
   --no-overlap           reduce gradients after backward instead of during it
   --bucket-mb X          gradient bucket size in MiB (default: measured on the dp group at start-up)
   --hardware FILE        a description of these ranks measured by `weft-plan --probe FILE` (same launch):

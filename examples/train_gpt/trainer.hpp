@@ -25,6 +25,7 @@
 #include <weft/comm/communicator.hpp>
 #include <weft/grad/flat_buffer.hpp>
 #include <weft/grad/synchronizer.hpp>
+#include <weft/launch/mpi_cross_check.hpp>
 #include <weft/launch/resolve.hpp>
 #include <weft/layout/layout.hpp>
 #include <weft/layout/process_groups.hpp>
@@ -256,15 +257,19 @@ class trainer {
     for (int c = 0; c < place_.vp; ++c) chunk_params_.emplace_back();
     for (std::size_t i = 0; i < specs_.size(); ++i) chunk_params_[static_cast<std::size_t>(specs_[i].chunk)].push_back(i);
     if (runs_fully_sharded(r_.choice.sharding_mode)) {
-      if (o_.hybrid)
-        if (auto problem = hybrid_shard_problem(weft::layout::rank_layout(r.degrees()), ranks_per_node()))
+      std::vector<int> nodes;  // HSDP: each world rank's node
+      if (o_.hybrid) {
+        nodes = node_of_ranks();
+        const std::string source = o_.ranks_per_node > 0 ? std::to_string(o_.ranks_per_node) + " ranks per node"
+                                                         : "the nodes the launcher put the ranks on";
+        if (auto problem = hybrid_shard_problem(weft::layout::rank_layout(r.degrees()), nodes, source))
           throw input_error(*problem);
+      }
       fsdp_ = std::make_unique<fully_sharded<B>>(
           groups_.get(weft::layout::group_kind::dp_cp), groups_.tp(), specs_,
           typename fully_sharded<B>::settings{.level = r_.choice.sharding_mode,
                                               .hybrid = o_.hybrid,
-                                              .ranks_per_node = ranks_per_node(),
-                                              .world_rank = world_.rank(),
+                                              .node = o_.hybrid ? nodes[static_cast<std::size_t>(world_.rank())] : 0,
                                               .micro_batches = r_.micro_batches,
                                               .sequence_parallel = r_.sequence_parallel()});
       fsdp_->attach(model_);
@@ -916,10 +921,19 @@ class trainer {
     return elements * sizeof(float);
   }
 
-  /// HSDP's node size: the flag's, or the launcher's ranks on this node.
-  int ranks_per_node() const {
-    if (o_.ranks_per_node > 0) return o_.ranks_per_node;
-    return weft::resolve_launch().local_world_size;
+  /// HSDP's nodes, world rank by world rank: blocks of --ranks-per-node ranks (nodes simulated on
+  /// one host), or where the launcher put each rank as MPI confirms it (collective), which follows
+  /// any placement: `srun -m cyclic` deals ranks to nodes in turn.
+  std::vector<int> node_of_ranks() {
+    std::vector<int> nodes(static_cast<std::size_t>(world_.size()));
+    if (o_.ranks_per_node > 0) {
+      for (int rank = 0; rank < world_.size(); ++rank)
+        nodes[static_cast<std::size_t>(rank)] = weft::layout::node_of(rank, o_.ranks_per_node);
+      return nodes;
+    }
+    const int mine = weft::resolve_launch_with_mpi().node;
+    world_.all_gather(std::span<const int>(&mine, 1), nodes);
+    return nodes;
   }
 
   double learning_rate(std::int64_t step) const {

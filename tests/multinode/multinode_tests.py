@@ -122,62 +122,74 @@ HSDP_STEPS = 100
 def test_hsdp(args, cluster):
     env = dict(cluster.env, OMPI_MCA_mpi_yield_when_idle="1", OPENBLAS_NUM_THREADS="1")
     with tempfile.TemporaryDirectory(prefix="weft_hsdp_") as tmp:
-        single_log, hsdp_log = os.path.join(tmp, "single.json"), os.path.join(tmp, "hsdp.json")
+        single_log = os.path.join(tmp, "single.json")
         run(cluster, ["srun", "--mpi=pmix", "-N", "1", "-n", "1", args.train_gpt] + MODEL + ["--log-json", single_log],
             limit=240, env=env)
-        # The groups hsdp made, as the ranks' flight recorders list them: every rank dumps them on
-        # SIGUSR1 (and carries on) once two steps are done. The run goes on for HSDP_STEPS steps, so
-        # that the signal finds every rank training: 8 steps take a fraction of a second here, and a
-        # rank signalled after its last one dumps a recorder whose groups are gone. The learning
-        # rate is constant, so the first 8 steps are those of an 8-step run.
-        env["WEFT_TRACE_DIR"] = tmp
-        command = SRUN + [args.train_gpt] + MODEL + ["--steps", str(HSDP_STEPS), "--dp", "4", "--sharding", "hsdp",
-                                                      "--micro-batch", "2", "--log-json", hsdp_log]
-        with open(os.path.join(tmp, "hsdp.txt"), "w") as out:
-            job = cluster.popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
-            try:
-                dumps = dump_during_run(job, args.train_gpt, env["SLURM_CONF"], hsdp_log, tmp,
-                                        os.path.join(tmp, "hsdp.txt"))
-                status = job.wait(timeout=240)
-            except subprocess.TimeoutExpired:
-                fail("srun -N 2 -n 4 train_gpt --sharding hsdp did not finish within 240 s")
-            finally:
-                if job.poll() is None:
-                    job.kill()
-                    job.wait()
-        output = open(os.path.join(tmp, "hsdp.txt")).read()
-        if status != 0:
-            fail(f"srun -N 2 -n 4 train_gpt --sharding hsdp exited with {status}", output)
-        curves = [[json.loads(line)["loss"] for line in open(path) if line.strip()] for path in (single_log, hsdp_log)]
+        single = [json.loads(line)["loss"] for line in open(single_log) if line.strip()]
+        if len(single) != 8 or not single[-1] < single[0]:
+            fail(f"the single rank's 8 steps did not lower the loss, so the comparison would say nothing: {single}")
+        # srun's block distribution (ranks 0, 1 on n1) and its cyclic one (ranks 0, 2 on n1): the
+        # shard groups must be the hosts' ranks in both, whatever their numbers.
+        for distribution, host_of_rank in (("block", lambda r: HOSTS[r // 2]), ("cyclic", lambda r: HOSTS[r % 2])):
+            folder = os.path.join(tmp, distribution)
+            os.mkdir(folder)
+            hsdp_run(args, cluster, env, folder, distribution, {r: host_of_rank(r) for r in range(RANKS)}, single)
+
+
+def hsdp_run(args, cluster, env, folder, distribution, placement, single):
+    """srun -m DISTRIBUTION train_gpt --sharding hsdp on 2 hosts: its groups and its curve."""
+    what = f"srun -N 2 -n 4 -m {distribution} train_gpt --sharding hsdp"
+    hsdp_log, output_path = os.path.join(folder, "hsdp.json"), os.path.join(folder, "hsdp.txt")
+    # The groups hsdp made, as the ranks' flight recorders list them: every rank dumps them on
+    # SIGUSR1 (and carries on) once two steps are done. The run goes on for HSDP_STEPS steps, so
+    # that the signal finds every rank training: 8 steps take a fraction of a second here, and a
+    # rank signalled after its last one dumps a recorder whose groups are gone. The learning rate
+    # is constant, so the first 8 steps are those of an 8-step run.
+    env = dict(env, WEFT_TRACE_DIR=folder)
+    command = SRUN + ["-m", distribution, args.train_gpt] + MODEL + [
+        "--steps", str(HSDP_STEPS), "--dp", "4", "--sharding", "hsdp", "--micro-batch", "2", "--log-json", hsdp_log]
+    with open(output_path, "w") as out:
+        job = cluster.popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            dumps = dump_during_run(job, args.train_gpt, env["SLURM_CONF"], hsdp_log, folder, output_path)
+            status = job.wait(timeout=240)
+        except subprocess.TimeoutExpired:
+            fail(f"{what} did not finish within 240 s")
+        finally:
+            if job.poll() is None:
+                job.kill()
+                job.wait()
+    output = open(output_path).read()
+    if status != 0:
+        fail(f"{what} exited with {status}", output)
+    hsdp = [json.loads(line)["loss"] for line in open(hsdp_log) if line.strip()]
     host_of = {rank: d["host"] for rank, d in dumps.items()}
-    if host_of != {r: HOSTS[r // 2] for r in range(RANKS)}:
-        fail(f"the ranks ran on {host_of}, not 0, 1 on n1 and 2, 3 on n2")
+    if host_of != placement:
+        fail(f"{what}: the ranks ran on {host_of}, not {placement}")
     shards, replicas = set(), set()
     for rank, dump in dumps.items():
         groups = {g["name"]: g["members"] for g in dump["groups"]}
         shard = next((m for n, m in groups.items() if n.endswith("-shard")), None)
         replicate = next((m for n, m in groups.items() if n.endswith("-replicate")), None)
         if shard is None or replicate is None:
-            fail(f"rank {rank}'s dump has no shard and replicate groups: {sorted(groups)}")
+            fail(f"{what}: rank {rank}'s dump has no shard and replicate groups: {sorted(groups)}")
         if {host_of[m] for m in shard} != {host_of[rank]} or len(shard) != 2:
-            fail(f"rank {rank}'s shard group {shard} is not the ranks of its host {host_of[rank]} ({host_of})")
+            fail(f"{what}: rank {rank}'s shard group {shard} is not the ranks of its host {host_of[rank]} ({host_of})")
         if len({host_of[m] for m in replicate}) != len(HOSTS):
-            fail(f"rank {rank}'s replicate group {replicate} does not span both hosts ({host_of})")
+            fail(f"{what}: rank {rank}'s replicate group {replicate} does not span both hosts ({host_of})")
         shards.add(tuple(shard))
         replicas.add(tuple(replicate))
-    single, hsdp = curves
-    if len(single) != 8 or len(hsdp) != HSDP_STEPS:
-        fail(f"expected 8 and {HSDP_STEPS} steps, got {len(single)} (1 rank) and {len(hsdp)} (hsdp)", output)
+    if len(hsdp) != HSDP_STEPS:
+        fail(f"{what}: expected {HSDP_STEPS} steps, got {len(hsdp)}", output)
     hsdp = hsdp[:8]
     worst = max(abs(a - b) / abs(a) for a, b in zip(single, hsdp))
     for step, (a, b) in enumerate(zip(single, hsdp), 1):
-        print(f"step {step}: 1 rank {a:.7f}  hsdp on 2 hosts x 2 ranks {b:.7f}")
+        print(f"-m {distribution} step {step}: 1 rank {a:.7f}  hsdp on 2 hosts x 2 ranks {b:.7f}")
     if worst > 1e-6:
-        fail(f"hsdp on 2 hosts: the loss differs from the single rank's by up to {worst:.2e} (tolerance 1e-06)")
-    if not single[-1] < single[0]:
-        fail("the loss did not fall over the run; the comparison would say nothing")
-    print(f"hsdp: shard groups {sorted(shards)} are the hosts' ranks, replicate groups {sorted(replicas)} span "
-          f"them; the curve follows the single rank's (worst relative difference {worst:.1e} over 8 steps)")
+        fail(f"{what}: the loss differs from the single rank's by up to {worst:.2e} (tolerance 1e-06)")
+    print(f"hsdp -m {distribution}: shard groups {sorted(shards)} are the hosts' ranks, replicate groups "
+          f"{sorted(replicas)} span them; the curve follows the single rank's (worst relative difference "
+          f"{worst:.1e} over 8 steps)")
 
 
 def dump_during_run(job, program, slurm_conf, log, folder, job_output):

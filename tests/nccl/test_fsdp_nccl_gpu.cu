@@ -16,6 +16,7 @@
 #include <weft/backend/nccl/backend.hpp>
 #include <weft/comm/communicator.hpp>
 #include <weft/fsdp/hybrid_groups.hpp>
+#include <weft/layout/node_placement.hpp>
 #include <weft/fsdp/sharded_model.hpp>
 
 #include <algorithm>
@@ -170,7 +171,7 @@ void train_and_check(const config& c) {
   nccl_comm& dp = world();
   stream_holder compute;  // first: destroyed after the models, which order their releases on it
   std::optional<weft::fsdp::hybrid_groups<weft::nccl_backend>> groups;
-  if (c.hybrid) groups.emplace(weft::fsdp::split_by_node(dp, dp.rank(), std::max(1, dp.size() / 2)));
+  if (c.hybrid) groups.emplace(weft::fsdp::split_by_node(dp, weft::layout::node_of(dp.rank(), std::max(1, dp.size() / 2))));
   auto make = [&] {
     return c.hybrid ? std::make_unique<device_model<T>>(groups->shard, groups->replicate, c.options)
                     : std::make_unique<device_model<T>>(dp, c.options);
@@ -344,7 +345,7 @@ __global__ void spin_kernel(long long cycles) {
 }
 
 weft::fsdp::hybrid_groups<weft::nccl_backend> replica_groups(nccl_comm& dp) {
-  return weft::fsdp::split_by_node(dp, dp.rank(), std::max(1, dp.size() / 2));
+  return weft::fsdp::split_by_node(dp, weft::layout::node_of(dp.rank(), std::max(1, dp.size() / 2)));
 }
 
 }  // namespace

@@ -14,7 +14,6 @@
 #include <weft/backend/backend.hpp>
 #include <weft/comm/communicator.hpp>
 #include <weft/core/error.hpp>
-#include <weft/layout/node_placement.hpp>
 
 namespace weft::fsdp {
 
@@ -24,16 +23,16 @@ struct hybrid_groups {
   communicator<B> replicate;  ///< the dp ranks at this rank's position on every node ("<dp>-replicate")
 };
 
-/// Splits `dp` (collective) by the node that holds each rank, where ranks fill nodes of
-/// `ranks_per_node` in order (layout::node_of) and `world_rank` is this rank's place in that
-/// order. Every node must hold the same number of dp ranks (shards must be equal); otherwise
+/// Splits `dp` (collective) by `node`, the index of the node that holds this rank: the launcher's
+/// node as weft::resolve_launch_with_mpi checks it against MPI (right under any rank placement,
+/// srun's `-m cyclic` too), or layout::node_of(world_rank, ranks_per_node) for nodes simulated on
+/// one host. Every node must hold the same number of dp ranks (shards must be equal); otherwise
 /// every rank throws an error that says how they differ.
 template <backend B>
-hybrid_groups<B> split_by_node(communicator<B>& dp, int world_rank, int ranks_per_node) {
-  if (ranks_per_node < 1)
-    fail("fsdp hybrid groups on '" + dp.name() + "': ranks_per_node is " + std::to_string(ranks_per_node) +
-         "; give the ranks per node (the launcher's local world size)");
-  const int node = layout::node_of(world_rank, ranks_per_node);
+hybrid_groups<B> split_by_node(communicator<B>& dp, int node) {
+  if (node < 0)
+    fail("fsdp hybrid groups on '" + dp.name() + "': this rank's node is " + std::to_string(node) +
+         " (unknown); give the node index weft::resolve_launch_with_mpi() finds");
   std::optional<communicator<B>> shard = dp.split(node, dp.rank(), dp.name() + "-shard");
   if (!shard) fail("fsdp hybrid groups on '" + dp.name() + "': this rank got no shard group");
   dp.expect_same_on_all_ranks("the number of dp ranks on each node (hybrid sharding needs equal shard groups; "
