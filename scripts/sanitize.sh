@@ -32,7 +32,7 @@ case "$kind" in
     # them all; cmake/WeftTesting.cmake), and loops of short jobs that end at their first check
     # (launch_loop: process starts, slow here, not code the other tests leave unchecked), and the
     # programs that must not compile (compile: the compiler's diagnostics, which no sanitizer changes).
-    excluded='gpu|consumer|slurm|preload|extra_ranks|launch_loop|compile'
+    excluded='gpu|consumer|slurm|preload|extra_ranks|extra_layouts|launch_loop|compile'
     asan="detect_leaks=1:abort_on_error=0:exitcode=23:detect_stack_use_after_return=0"
     lsan="suppressions=$supp/lsan.supp:print_suppressions=0"
     # Leak reports must name the library that allocated, or Open MPI's own cannot be suppressed:
