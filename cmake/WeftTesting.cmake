@@ -1,15 +1,18 @@
 # Helpers for weft's own tests, examples and benchmarks.
 #
 #   weft_add_executable(name SOURCES ... [LIBS ...])        an executable with weft's warning flags
-#   weft_add_unit_test(name SOURCES ... [LIBS ...] [LABELS ...] [TIMEOUT s])
+#   weft_add_unit_test(name SOURCES ... [PROGRAM p] [LIBS ...] [LABELS ...] [TIMEOUT s])
 #       a single-process Catch2 test, registered as `name`
-#   weft_add_mpi_test(name SOURCES ... RANKS 2 4 8 [SANITIZE_RANKS n] [LIBS ...] [LABELS ...] [TIMEOUT s])
+#   weft_add_mpi_test(name SOURCES ... [PROGRAM p] RANKS 2 4 8 [SANITIZE_RANKS n] [LIBS ...] [LABELS ...] [TIMEOUT s])
 #       a multi-rank Catch2 test, registered once per rank count as `name.np<N>`, run through
 #       mpiexec --oversubscribe under a timeout so a hang is a failure, never a stuck run.
 #       Each entry claims as many of CTest's processors as it has ranks (`ctest --parallel`).
 #       The ASan + UBSan run (scripts/sanitize.sh) runs one rank count of the program,
 #       SANITIZE_RANKS (default: the largest count up to 4, which runs every case that needs
 #       several groups); the other counts are labelled `extra_ranks` and run in the main build only.
+#   PROGRAM: the tests naming the same program are built into it as one translation unit, and
+#       each runs only its own files' test cases (weft_test_program, below); without it a test
+#       is a program of its own.
 
 # The environment every multi-rank run needs on a developer machine or CI: root is allowed,
 # more ranks than cores, and all traffic stays on loopback.
@@ -93,14 +96,51 @@ function(weft_use_test_pch name sources)
   endif()
 endfunction()
 
+# weft_test_program(test program runner sources libs out_args): the Catch2 program `program` with
+# the test's sources. Tests of one folder share a program (PROGRAM): each test's files are compiled as
+# one translation unit with the others' (a unity build), since most of a test file's compile time
+# is instantiating the same headers (the six tests/fsdp files: 135 s of CPU apart, 37 s together,
+# under ASan + UBSan). Each test then runs its own files' cases, selected by file name
+# (Catch2's `-#`: a file's cases carry the tag `#<file name without extension>`); `--warn NoTests`
+# fails a test whose selection runs nothing. Sets out_args to those arguments (none for a test
+# with a program of its own).
+function(weft_test_program test program runner sources libs out_args)
+  if(NOT TARGET ${program})
+    weft_add_executable(${program} SOURCES ${sources} LIBS ${runner} ${libs})
+    set_target_properties(${program} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 0
+                                                WEFT_TEST_RUNNER ${runner})
+    weft_use_test_pch(${program} "${sources}")
+  else()
+    get_target_property(program_runner ${program} WEFT_TEST_RUNNER)
+    if(NOT program_runner STREQUAL runner)
+      message(FATAL_ERROR "test program ${program} mixes single-process and multi-rank tests (${runner})")
+    endif()
+    target_sources(${program} PRIVATE ${sources})
+    target_link_libraries(${program} PRIVATE ${libs})
+  endif()
+  set(${out_args} "" PARENT_SCOPE)
+  if(program STREQUAL test)  # a program of its own runs whole
+    return()
+  endif()
+  set(files "")
+  foreach(source IN LISTS sources)
+    get_filename_component(stem ${source} NAME_WE)
+    list(APPEND files "[#${stem}]")
+  endforeach()
+  list(JOIN files "," spec)
+  set(${out_args} "-#" --warn NoTests "${spec}" PARENT_SCOPE)
+endfunction()
+
 function(weft_add_unit_test name)
-  cmake_parse_arguments(arg "" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+  cmake_parse_arguments(arg "" "TIMEOUT;PROGRAM" "SOURCES;LIBS;LABELS" ${ARGN})
   if(NOT arg_TIMEOUT)
     set(arg_TIMEOUT 120)
   endif()
-  weft_add_executable(${name} SOURCES ${arg_SOURCES} LIBS weft_catch_main ${arg_LIBS})
-  weft_use_test_pch(${name} "${arg_SOURCES}")
-  add_test(NAME ${name} COMMAND ${name})
+  if(NOT arg_PROGRAM)
+    set(arg_PROGRAM ${name})
+  endif()
+  weft_test_program(${name} ${arg_PROGRAM} weft_catch_main "${arg_SOURCES}" "${arg_LIBS}" select)
+  add_test(NAME ${name} COMMAND ${arg_PROGRAM} ${select})
   set_tests_properties(${name} PROPERTIES TIMEOUT ${arg_TIMEOUT} LABELS "unit;${arg_LABELS}")
 endfunction()
 
@@ -130,7 +170,7 @@ function(weft_sanitize_ranks out ranks chosen)
 endfunction()
 
 function(weft_add_mpi_test name)
-  cmake_parse_arguments(arg "" "TIMEOUT;SANITIZE_RANKS" "SOURCES;LIBS;LABELS;RANKS;ARGS" ${ARGN})
+  cmake_parse_arguments(arg "" "TIMEOUT;SANITIZE_RANKS;PROGRAM" "SOURCES;LIBS;LABELS;RANKS;ARGS" ${ARGN})
   if(NOT TARGET weft_catch_mpi_main)
     message(FATAL_ERROR "weft_add_mpi_test(${name}) needs the MPI backend")
   endif()
@@ -140,8 +180,10 @@ function(weft_add_mpi_test name)
   if(NOT arg_RANKS)
     set(arg_RANKS 2 4)
   endif()
-  weft_add_executable(${name} SOURCES ${arg_SOURCES} LIBS weft_catch_mpi_main ${arg_LIBS})
-  weft_use_test_pch(${name} "${arg_SOURCES}")
+  if(NOT arg_PROGRAM)
+    set(arg_PROGRAM ${name})
+  endif()
+  weft_test_program(${name} ${arg_PROGRAM} weft_catch_mpi_main "${arg_SOURCES}" "${arg_LIBS}" select)
   weft_sanitize_ranks(sanitize_np "${arg_RANKS}" "${arg_SANITIZE_RANKS}")
   foreach(np IN LISTS arg_RANKS)
     set(labels mpi np${np} ${arg_LABELS})
@@ -150,7 +192,7 @@ function(weft_add_mpi_test name)
     endif()
     add_test(NAME ${name}.np${np}
       COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --oversubscribe --bind-to none
-              ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${name}> ${MPIEXEC_POSTFLAGS} ${arg_ARGS})
+              ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${arg_PROGRAM}> ${MPIEXEC_POSTFLAGS} ${select} ${arg_ARGS})
     set_tests_properties(${name}.np${np} PROPERTIES
       TIMEOUT ${arg_TIMEOUT}
       PROCESSORS ${np}

@@ -6,6 +6,7 @@
 #include <weft/comm/communicator.hpp>
 #include <weft/grad/synchronizer.hpp>
 
+#include "dp_group.hpp"
 #include "mlp.hpp"
 
 #include <cmath>
@@ -13,11 +14,8 @@
 
 using grad_test::mlp;
 using grad_test::range;
-using comm_t = weft::communicator<weft::mpi_backend>;
 
 namespace {
-
-comm_t dp_group() { return comm_t(weft::mpi_backend::comm::world(), "dp"); }
 
 template <class T>
 double tolerance() {

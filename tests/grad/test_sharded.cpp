@@ -8,6 +8,7 @@
 #include <weft/comm/communicator.hpp>
 #include <weft/grad/synchronizer.hpp>
 
+#include "dp_group.hpp"
 #include "mlp.hpp"
 
 #include <cmath>
@@ -15,13 +16,10 @@
 
 using grad_test::mlp;
 using grad_test::range;
-using comm_t = weft::communicator<weft::mpi_backend>;
 using weft::grad::flat_buffer;
 using weft::grad::synchronizer;
 
 namespace {
-
-comm_t dp_group() { return comm_t(weft::mpi_backend::comm::world(), "dp"); }
 
 /// Adam over a set of runs of the flat buffers; its state is indexed by position in the runs.
 struct adam {

@@ -8,6 +8,8 @@
 #include <weft/comm/communicator.hpp>
 #include <weft/grad/synchronizer.hpp>
 
+#include "dp_group.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <bit>
@@ -21,13 +23,10 @@
 #include <thread>
 #include <vector>
 
-using comm_t = weft::communicator<weft::mpi_backend>;
 using weft::grad::scaling;
 using weft::grad::synchronizer;
 
 namespace {
-
-comm_t dp_group() { return comm_t(weft::mpi_backend::comm::world(), "dp"); }
 
 // Parameter p has 3 + 5p elements (with a few large ones), so plans have buckets of 1 to several
 // parameters.
