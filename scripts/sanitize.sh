@@ -93,7 +93,40 @@ fi
 [ "$step" != build ] || exit 0
 started=$SECONDS
 trap 'echo "sanitize.sh $kind: tests ran $((SECONDS - started)) s"' EXIT
-run_tests() { ctest --test-dir "$build" --output-on-failure --parallel 1 --timeout 900 "$@"; }
+# LeakSanitizer's own tracer (the thread that stops the process to scan it at exit) sometimes
+# crashes: "Tracer caught signal 11 ... LeakSanitizer has encountered a fatal error", the test's
+# checks all passed and the leak check never ran (google/sanitizers#1353; here 3 np4 runs of
+# test_comm in one run of 113 tests, none in 25 reruns of them). Such a test runs once more and
+# must pass then; a test that failed any other way (an assertion, a sanitizer's report, a
+# timeout) is never rerun.
+tracer_crashes() {  # the tests in ctest's output $1 that failed with the tracer's crash and nothing else
+  awk 'function flush() { if (name != "" && crashed && !other) print name }
+       / Test +#[0-9]+: / { flush(); name = ""; crashed = other = 0
+                            if ($0 ~ /\*\*\*(Failed|Exception)/) { sub(/.* Test +#[0-9]+: /, ""); sub(/ .*/, ""); name = $0 }
+                            next }
+       /^ +Start +[0-9]+: / { flush(); name = "" }
+       /LeakSanitizer has encountered a fatal error/ { crashed = 1 }
+       /ERROR: (Address|Leak|UndefinedBehavior)Sanitizer|runtime error:|FAILED:|Timeout/ { other = 1 }
+       END { flush() }' "$1"
+}
+run_tests() {
+  local out rc=0 again
+  out="$(mktemp)"
+  ctest --test-dir "$build" --output-on-failure --parallel 1 --timeout 900 "$@" | tee "$out" || rc=$?
+  if [ "$rc" != 0 ]; then
+    local failed crashed
+    failed="$(sed -n 's/^[0-9]*://p' "$build/Testing/Temporary/LastTestsFailed.log" | sort)"
+    crashed="$(tracer_crashes "$out" | sort)"
+    if [ -n "$crashed" ] && [ "$failed" = "$crashed" ]; then
+      again="$(printf '%s\n' $crashed | sed 's/[.]/[.]/g' | paste -sd'|')"
+      echo "sanitize.sh $kind: LeakSanitizer's tracer crashed at the exit of $(echo $crashed); running them once more"
+      rc=0
+      ctest --test-dir "$build" --output-on-failure --parallel 1 --timeout 900 --tests-regex "^($again)\$" || rc=$?
+    fi
+  fi
+  rm -f "$out"
+  return "$rc"
+}
 if [ "$kind" = address ]; then
   rc=0
   # The unit tests are single processes: one per core (the timing-sensitive ones are RUN_SERIAL).
