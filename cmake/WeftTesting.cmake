@@ -99,7 +99,7 @@ endfunction()
 # weft_test_program(test program runner sources libs out_args): the Catch2 program `program` with
 # the test's sources. Tests of one folder share a program (PROGRAM): each test's files are compiled as
 # one translation unit with the others' (a unity build), since most of a test file's compile time
-# is instantiating the same headers (the six tests/fsdp files: 135 s of CPU apart, 37 s together,
+# is instantiating the same headers (the six tests/fsdp files: 201 s of CPU apart, 68 s together,
 # under ASan + UBSan). Each test then runs its own files' cases, selected by file name
 # (Catch2's `-#`: a file's cases carry the tag `#<file name without extension>`); `--warn NoTests`
 # fails a test whose selection runs nothing. Sets out_args to those arguments (none for a test

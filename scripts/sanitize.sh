@@ -50,8 +50,8 @@ case "$kind" in
     flags="thread"
     # The watchdog thread runs in every one of these (each communicator registers with it);
     # test_moe's asynchronous all_to_allv runs on the progress thread.
-    # (test programs: the programs that hold those tests; test_comm and test_fsdp hold others too,
-    # which select leaves out.)
+    # targets: the programs that hold those tests (test_comm and test_fsdp hold others too, which
+    # select leaves out).
     targets=(test_progress_thread test_grad test_comm test_trace signal_program test_checkpoint test_fsdp test_moe)
     select=(--tests-regex '^(test_progress_thread|test_grad_.*|test_comm_behaviour\..*|test_ref_and_trace\..*|test_trace|test_trace_signals|test_checkpoint|test_fsdp_(schedule|hybrid|root)\..*|test_moe\..*)$'
             --label-exclude 'gpu|consumer|slurm')
