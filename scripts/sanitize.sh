@@ -109,10 +109,11 @@ tracer_crashes() {  # the tests in ctest's output $1 that failed with the tracer
        /ERROR: (Address|Leak|UndefinedBehavior)Sanitizer|runtime error:|FAILED:|Timeout/ { other = 1 }
        END { flush() }' "$1"
 }
+ctest_run() { ctest --test-dir "$build" --output-on-failure --parallel 1 --timeout 900 "$@"; }
 run_tests() {
   local out rc=0 again
   out="$(mktemp)"
-  ctest --test-dir "$build" --output-on-failure --parallel 1 --timeout 900 "$@" | tee "$out" || rc=$?
+  ctest_run "$@" | tee "$out" || rc=$?
   if [ "$rc" != 0 ]; then
     local failed crashed
     failed="$(sed -n 's/^[0-9]*://p' "$build/Testing/Temporary/LastTestsFailed.log" | sort)"
@@ -121,7 +122,7 @@ run_tests() {
       again="$(printf '%s\n' $crashed | sed 's/[.]/[.]/g' | paste -sd'|')"
       echo "sanitize.sh $kind: LeakSanitizer's tracer crashed at the exit of $(echo $crashed); running them once more"
       rc=0
-      ctest --test-dir "$build" --output-on-failure --parallel 1 --timeout 900 --tests-regex "^($again)\$" || rc=$?
+      ctest_run --tests-regex "^($again)\$" || rc=$?
     fi
   fi
   rm -f "$out"
