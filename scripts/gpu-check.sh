@@ -25,19 +25,19 @@
 #     test_fsdp_nccl_gpu np1, np2, np4 (two-second held streams, several cases)   e 45 s
 #     docs.snippet_data_parallel_nccl np1, np2                                  e 5 s
 #     test_train_gpt_cuda (every CUDA operation against the CPU's, bf16 against fp32)  e 15 s
-#     train_gpt_device.np2 (13 launches: CPU against GPU, dp2, tp2, tp2 + sp, cp2, pp2, curves, refusals)  e 55 s
+#     train_gpt_device.np2 (14 launches: CPU against GPU, dp2, tp2, tp2 + sp, cp2, pp2 1f1b and zb-h1, curves, refusals)  e 60 s
 #     train_gpt_device_bf16 (5 launches: first step and 50 steps, bf16 against fp32)  e 20 s
 #     train_gpt_device_resume (6 launches: 8 steps against 4 + resume + 4, fp32 and bf16)  e 25 s
 #     train_gpt_device_zero1.np2 (4 launches of 2 ranks: dp2 against dp2 +zero1)  e 20 s
 #     train_gpt_device_layouts.np2 (6 launches: tp2 + sp's and pp2's checkpoints, bf16 tp2 + sp and cp2)  e 26 s
-#     in all about 245 s one after another; in 4 slots, the np4 tests alone: e 120 s
+#     in all about 250 s one after another; in 4 slots, the np4 tests alone: e 125 s
 #   then alone (its deadline tests give connection setup 0.3 s):
 #     test_nccl_backend np1 10.5 s, np2 46.9 s, np4 64.5 s                      122 s
 #   benchmarks, one at a time after the tests (their numbers on a quiet GPU):
 #     bench_allreduce_nccl.np1, health_check_nccl.np1                          e 20 s
 #     bench_gpu_kernels (every operation at GPT-2 small's sizes)                e 20 s
 #     bench_gpu_train (GPT-2 small, bf16, 6 steps of 8 x 1024 tokens)           e 15 s
-#   total                                                                      e 465 s of the 480 s budget (configuring included)
+#   total                                                                      e 470 s of the 480 s budget (configuring included)
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -28,10 +28,6 @@ inline std::optional<std::string> cuda_trainer_refusal(const options& o, const w
     return "the trainer on the GPU runs data, tensor, context and pipeline parallelism (ep 1, one GPU a rank), and "
            "this run has " + std::to_string(world_size) + " ranks with ep " + std::to_string(d.ep) +
            ": drop --ep, or use --device cpu for expert parallelism";
-  if (d.pp > 1 && o.schedule == "zb-h1")
-    return std::string("the trainer on the GPU runs the pipeline schedules gpipe, 1f1b and interleaved; zb-h1 splits "
-                       "backward into input and weight passes, which it does not: use --schedule 1f1b, or --device "
-                       "cpu");
   if (o.model.moe_experts > 0)
     return std::string("the trainer on the GPU runs the dense model (no mixture of experts on it yet): drop "
                        "--moe-experts, or use --device cpu");

@@ -52,7 +52,7 @@ run
                          --val-steps global batches (default 4) every N steps and after the last
 device
   --device KIND          auto (default: CUDA when train_gpt is built with it, every rank sees a GPU and the
-                         GPU trainer takes the run: dp, tp (--sequence-parallel too), cp, pp (not zb-h1),
+                         GPU trainer takes the run: dp, tp (--sequence-parallel too), cp, pp (every schedule),
                          --zero1, checkpoints by --save and --resume FILE; else the CPU), cpu or cuda
                          (refused, with the reason, where it cannot run)
   --precision P          fp32 (default) or bf16, a GPU precision (bf16 parameters and activations, fp32

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <weft/core/error.hpp>
+#include <weft/pipeline/activation_slots.hpp>
 #include <weft/pipeline/rules.hpp>
 #include <weft/pipeline/schedule.hpp>
 #include <weft/pipeline/schedule_kind.hpp>
@@ -279,6 +280,85 @@ TEST_CASE("every generated schedule passes the verifier for small sizes", "[pipe
       }
     }
   }
+}
+
+namespace {
+
+// The fewest slots a chunk for activations kept at slot mb % n, found another way: each
+// (micro-batch, chunk) pair's lifetime as an interval of the rank's action positions, and the
+// smallest n for which no two overlapping intervals of one chunk have micro-batches equal mod n.
+int slots_by_intervals(const wp::schedule& s, int rank) {
+  struct life {
+    int mb, chunk, begin, end;
+  };
+  std::vector<life> lives;
+  const std::vector<wp::action>& actions = s.ranks[static_cast<std::size_t>(rank)];
+  for (int i = 0; i < static_cast<int>(actions.size()); ++i) {
+    const wp::action& a = actions[static_cast<std::size_t>(i)];
+    if (a.kind == action_kind::forward) lives.push_back({a.micro_batch, a.chunk, i, static_cast<int>(actions.size())});
+    const bool frees = s.split_backward ? a.kind == action_kind::weight : a.kind == action_kind::backward;
+    if (frees)
+      for (life& l : lives)
+        if (l.mb == a.micro_batch && l.chunk == a.chunk) l.end = i;
+  }
+  for (int n = 1;; ++n) {
+    bool clash = false;
+    for (const life& x : lives)
+      for (const life& y : lives)
+        clash = clash || (x.mb != y.mb && x.chunk == y.chunk && x.mb % n == y.mb % n && x.begin < y.end && y.begin < x.end);
+    if (!clash) return n;
+  }
+}
+
+}  // namespace
+
+TEST_CASE("activation slots by micro-batch: the fewest with no two in-flight micro-batches in one slot", "[pipeline]") {
+  for (schedule_kind kind : wp::all_schedule_kinds) {
+    for (int p = 1; p <= 6; ++p) {
+      for (int m = 1; m <= 13; ++m) {
+        for (int v = 1; v <= 3; ++v) {
+          const wp::schedule_spec spec{.kind = kind, .stages = p, .micro_batches = m, .virtual_stages = v};
+          if (!wp::validate(spec).empty()) continue;
+          const wp::schedule s = wp::make_schedule(spec);
+          for (int stage = 0; stage < p; ++stage) {
+            INFO(wp::to_string(kind) << " p=" << p << " m=" << m << " v=" << v << " stage " << stage);
+            const int slots = wp::slots_by_micro_batch(s, stage);
+            CHECK(slots == slots_by_intervals(s, stage));
+            // The schedules' closed forms (schedules.hpp): GPipe holds every micro-batch, 1F1B
+            // p - s on stage s, ZB-H1 min(p, m) on every stage (its Ws in micro-batch order).
+            if (kind == schedule_kind::gpipe) CHECK(slots == m);
+            if (kind == schedule_kind::one_f_one_b) CHECK(slots == std::min(p - stage, m));
+            if (kind == schedule_kind::zb_h1) CHECK(slots == std::min(p, m));
+            // Never more than the pairs in flight at once (their micro-batches are consecutive).
+            CHECK(slots <= wp::verify(s).peak_in_flight[static_cast<std::size_t>(stage)]);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("activation slots: micro-batches in flight out of order need more slots than the peak", "[pipeline]") {
+  // One stage: F0 F1 F2 B1 F3 B0 B2 B3. Three in flight at most, but after B1 frees slot 1 of 3,
+  // F3 would land in slot 0, still mb 0's: 4 slots (then every micro-batch has its own).
+  wp::schedule s = wp::make_schedule(wp::gpipe{}, 1, 4);
+  using wp::action;
+  s.ranks[0] = {action{.kind = action_kind::forward, .micro_batch = 0}, action{.kind = action_kind::forward, .micro_batch = 1},
+                action{.kind = action_kind::forward, .micro_batch = 2}, action{.kind = action_kind::backward, .micro_batch = 1},
+                action{.kind = action_kind::forward, .micro_batch = 3}, action{.kind = action_kind::backward, .micro_batch = 0},
+                action{.kind = action_kind::backward, .micro_batch = 2}, action{.kind = action_kind::backward, .micro_batch = 3}};
+  CHECK(wp::verify(s).peak_in_flight[0] == 3);
+  CHECK(wp::slots_by_micro_batch(s, 0) == 4);
+  CHECK(slots_by_intervals(s, 0) == 4);
+  // F0 F1 B0 F2 B1 B2: consecutive in flight, two slots.
+  s.micro_batches = 3;
+  s.ranks[0] = {action{.kind = action_kind::forward, .micro_batch = 0}, action{.kind = action_kind::forward, .micro_batch = 1},
+                action{.kind = action_kind::backward, .micro_batch = 0}, action{.kind = action_kind::forward, .micro_batch = 2},
+                action{.kind = action_kind::backward, .micro_batch = 1}, action{.kind = action_kind::backward, .micro_batch = 2}};
+  CHECK(wp::slots_by_micro_batch(s, 0) == 2);
+  CHECK_THROWS_WITH(wp::slots_by_micro_batch(s, 1), Catch::Contains("rank 1 is not a stage of a schedule of 1 stages"));
+  s.ranks[0][5].micro_batch = 7;
+  CHECK_THROWS_WITH(wp::slots_by_micro_batch(s, 0), Catch::Contains("stage 0 has B7, outside 3 micro-batches"));
 }
 
 // Sends that wait for their receivers (NCCL once a tensor outgrows its buffers; MPI past its eager

@@ -11,13 +11,14 @@
    into whole tensors), as tp 2 with sequence parallelism (the rows outside the blocks split
    over tp, all-gathered and reduce-scattered around them), as cp 2 (each rank 2 chunks of every
    sequence, ring attention over NCCL) and as pp 2 under 1f1b (the pipeline executor's transfers on
-   NCCL, the tied embedding's two copies summed): the loss within 1e-5 relative, each gradient within 1e-3 of
+   NCCL, the tied embedding's two copies summed) and under zb-h1 (the layers' weight gradients in
+   the executor's weight passes, from the output gradients each slot keeps): the loss within 1e-5 relative, each gradient within 1e-3 of
    its largest element (the products and sums run in other orders, GELU and the loss use the GPU's
    exp; a wrong term or index is off by the gradient's own size);
 2. 20 steps on each: every loss within 2e-4 relative of the CPU's (AdamW compounds the first
    step's rounding);
 3. two GPU runs print the same 20 losses to the last digit (every kernel is deterministic);
-4. the GPU's refusals name what to do: pp 2 under zb-h1, --precision bf16 on a hidden size of 60, --save-dir.
+4. the GPU's refusals name what to do: mixture of experts, --precision bf16 on a hidden size of 60, --save-dir.
 
 --rank-wrapper runs each rank of the two-rank runs through SCRIPT (tests/nccl/per_rank_hostid.sh,
 where the ranks share one GPU).
@@ -90,7 +91,8 @@ def main():
                               ("cuda tp2", two + ["--device", "cuda", "--tp", "2"]),
                               ("cuda tp2 sp", two + ["--device", "cuda", "--tp", "2", "--sequence-parallel"]),
                               ("cuda cp2", two + ["--device", "cuda", "--cp", "2"]),
-                              ("cuda pp2", two + ["--device", "cuda", "--pp", "2"])):
+                              ("cuda pp2", two + ["--device", "cuda", "--pp", "2"]),
+                              ("cuda pp2 zb-h1", two + ["--device", "cuda", "--pp", "2", "--schedule", "zb-h1"])):
             path = os.path.join(tmp, what.replace(" ", "_") + ".safetensors")
             out = run(command + MODEL + ["--steps", "1", "--dump-grads", path, "--quiet"])
             if what != "cpu" and "GPU(s) in fp32" not in out:
@@ -102,6 +104,7 @@ def main():
         compare(dumps["cpu"], dumps["cuda tp2 sp"], "cuda tp2 sp", failures)
         compare(dumps["cpu"], dumps["cuda cp2"], "cuda cp2", failures)
         compare(dumps["cpu"], dumps["cuda pp2"], "cuda pp2", failures)
+        compare(dumps["cpu"], dumps["cuda pp2 zb-h1"], "cuda pp2 zb-h1", failures)
 
         curves = {}
         for device, tag in (("cpu", "cpu"), ("cuda", "cuda"), ("cuda", "cuda again")):
@@ -117,8 +120,8 @@ def main():
                             str([(a, b) for a, b in zip(curves["cuda"], curves["cuda again"]) if a != b][:3]))
 
         refusals = [
-            (two + MODEL + ["--device", "cuda", "--pp", "2", "--schedule", "zb-h1", "--steps", "1"],
-             "--device cuda: the trainer on the GPU runs the pipeline schedules gpipe, 1f1b and interleaved"),
+            (one + MODEL + ["--device", "cuda", "--moe-experts", "4", "--steps", "1"],
+             "--device cuda: the trainer on the GPU runs the dense model"),
             (one + MODEL + ["--device", "cuda", "--precision", "bf16", "--hidden", "60", "--steps", "1"],
              "--device cuda: --precision bf16 needs --hidden a multiple of 8"),
             (one + MODEL + ["--device", "cuda", "--steps", "1", "--save-dir", os.path.join(tmp, "ckpt")],

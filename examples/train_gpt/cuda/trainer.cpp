@@ -4,7 +4,8 @@
 // (with tp, Megatron's column- and row-parallel layers, the vocabulary-parallel embedding and
 // loss, each sum over tp an all-reduce on the compute stream; with cp, weft::cp::ring_attention
 // around the attention kernel, ring_kernel.hpp; with pp, weft::pipeline's executor calling each
-// stage's forward and backward per micro-batch), so the first step's loss and gradients are the
+// stage's forward and backward per micro-batch, and under zb-h1 the layers' weight gradients
+// apart), so the first step's loss and gradients are the
 // CPU trainer's to rounding
 // (tests/train_gpt/device_check.py compares them); weft's gradient synchronizer sums the
 // gradients over the dp ranks (NCCL, device buffers) as it does for the CPU trainer over MPI.
@@ -43,9 +44,9 @@
 #include <weft/grad/synchronizer.hpp>
 #include <weft/launch/nccl_bootstrap.hpp>
 #include <weft/layout/process_groups.hpp>
+#include <weft/pipeline/activation_slots.hpp>
 #include <weft/pipeline/executor.hpp>
 #include <weft/pipeline/schedules.hpp>
-#include <weft/pipeline/verify.hpp>
 
 #include "checkpoint_io.hpp"
 #include "device.hpp"
@@ -114,10 +115,12 @@ class one_gpu_model {
   static constexpr bool is_bf16 = std::is_same_v<T, cuda::bf16>;
 
  public:
-  /// `slots`: the micro-batches whose activations the rank holds at once (1 without pp; the
-  /// schedule's peak in flight with it).
+  /// `slots`: the micro-batches of each chunk whose activations the rank holds at once (1 without
+  /// pp; with it weft::pipeline::slots_by_micro_batch of the schedule: micro-batch mb in slot
+  /// mb % slots). `split_backward`: the schedule runs the weight gradients apart (zb-h1), so
+  /// backward computes the input gradients alone and keeps what `weight` reads.
   one_gpu_model(const gpt_config& m, int micro_batch, cuda::kernels& k, model_storage storage, const model_place& place,
-                const model_groups& groups, std::size_t slots = 1)
+                const model_groups& groups, std::size_t slots = 1, bool split_backward = false)
       : m_(m),
         k_(k),
         place_(place),
@@ -129,7 +132,8 @@ class one_gpu_model {
         split_{.seq = m.seq, .cp = cp_ != nullptr ? cp_->size() : 1, .kind = weft::cp::split_kind::load_balanced},
         specs_(rank_parameters(m, place)),
         storage_(std::move(storage)),
-        vocab_block_(vocab_partition_of(m, place)) {
+        vocab_block_(vocab_partition_of(m, place)),
+        split_backward_(split_backward) {
     c_ = static_cast<std::size_t>(m.hidden);
     cl_ = c_ / static_cast<std::size_t>(place.tp);
     t_ = static_cast<std::size_t>(m.seq / split_.cp);  // the rank's tokens of each sequence
@@ -175,20 +179,27 @@ class one_gpu_model {
     // The head's output gradient and norm statistics, kept from forward to backward per slot.
     head_ln_ = device_alloc<T>(nc), head_stats_ = device_alloc<float>(slots_ * 2 * rows_);
     head_dh_ = device_alloc<T>(slots_ * nc);
-    qkv_ = device_alloc<T>(3 * ncl), dqkv_ = device_alloc<T>(3 * ncl);
-    tmp_ = device_alloc<T>(nc), dx_ = device_alloc<T>(rc), dy_ = device_alloc<T>(rc);
-    dx2_ = device_alloc<T>(rc), dln1_ = device_alloc<T>(nc), dln2_ = device_alloc<T>(nc);
+    qkv_ = device_alloc<T>(3 * ncl);
+    tmp_ = device_alloc<T>(nc), dx_ = device_alloc<T>(rc);
+    // The output gradients the weight gradients read (kept_grads): one layer's, used at once, or
+    // with a split backward every layer's of every slot, kept from backward to weight.
+    const std::size_t kept = split_backward_ ? l : 1;
+    kept_dy_ = device_alloc<T>(kept * rc), kept_dx2_ = device_alloc<T>(kept * rc);
+    kept_dln1_ = device_alloc<T>(kept * rc), kept_dln2_ = device_alloc<T>(kept * rc);
+    kept_dfc_ = device_alloc<T>(kept * 4 * ncl), kept_dqkv_ = device_alloc<T>(kept * 3 * ncl);
     if (sp_) {
-      // The rank's rows of what is gathered or reduce-scattered, and the gathered output gradients.
-      ln_rows_ = device_alloc<T>(rc), tmp_rows_ = device_alloc<T>(rc), dln1_rows_ = device_alloc<T>(rc);
-      dln2_rows_ = device_alloc<T>(rc), head_dh_rows_ = device_alloc<T>(slots_ * rc);
-      dy_all_ = device_alloc<T>(nc), dx2_all_ = device_alloc<T>(nc);
+      // The rank's rows of what is gathered or reduce-scattered, the gathered output gradients,
+      // and the partial sums over tp of the norms' input gradients (every row, before the
+      // reduce-scatter; without sp they are summed in place, in the kept rows).
+      ln_rows_ = device_alloc<T>(rc), tmp_rows_ = device_alloc<T>(rc), head_dh_rows_ = device_alloc<T>(slots_ * rc);
+      dy_all_ = device_alloc<T>(nc), dln1_ = device_alloc<T>(nc), dln2_ = device_alloc<T>(nc);
+      kept_dy_all_ = device_alloc<T>(kept * nc), kept_dx2_all_ = device_alloc<T>(kept * nc);
       if constexpr (is_bf16) embedding_local_ = device_alloc<float>(rc);
       else embedding_rows_ = device_alloc<float>(nc);  // bf16 allocates it below
     }
     dattn_ = device_alloc<float>(ncl), dq_ = device_alloc<float>(ncl), dk_ = device_alloc<float>(ncl);
     dv_ = device_alloc<float>(ncl);
-    dgelu_ = device_alloc<T>(4 * ncl), dfc_ = device_alloc<T>(4 * ncl);
+    dgelu_ = device_alloc<T>(4 * ncl);
     if constexpr (is_bf16) {
       // The products' bf16 copies of attention's output (kept per layer for c_proj's weight
       // gradient) and of its gradient; the embeddings' fp32 rows.
@@ -322,7 +333,10 @@ class one_gpu_model {
     } else {
       copy_rows(dx_.get(), output_grad, rc);
     }
-    for (std::size_t j = layers_; j-- > 0;) layer_backward(slot, chunk, j);
+    for (std::size_t j = layers_; j-- > 0;) {
+      layer_backward_input(slot, chunk, j);
+      if (!split_backward_) layer_backward_weight(slot, chunk, j);
+    }
     if (!place_.first_stage(chunk)) return copy_rows(input_grad, dx_.get(), rc);
     // Every row's gradient (gathered from the tp ranks with sp; whole on every tp rank): the
     // positions' from each row, the block's tokens' from their rows (the other blocks' tokens are
@@ -336,6 +350,14 @@ class one_gpu_model {
     } else {
       k_.embedding_backward(tokens, positions_.get(), dx_all, grad(param_role::wte), grad(param_role::wpe), n_, c_);
     }
+  }
+
+  /// A split backward's second part for (slot, chunk), after `backward`: every layer's weight
+  /// gradients, from the output gradients backward kept. (The head's and the embeddings'
+  /// parameter gradients are added by forward and backward themselves, as without the split.)
+  void weight(std::size_t slot, int chunk) {
+    if (!split_backward_) throw std::logic_error("train_gpt: weight() on a model whose backward is not split");
+    for (std::size_t j = layers_; j-- > 0;) layer_backward_weight(slot, chunk, j);
   }
 
   /// pp > 1: the tied embedding's two copies (the first stage's input embedding, the last
@@ -650,25 +672,43 @@ class one_gpu_model {
     k_.residual_add(a.x2, reduced(tmp_.get(), tmp_rows_.get()), param(param_role::mlp_proj_b, layer), a.out, r, c);
   }
 
-  /// gpt_model::layer_backward_input and layer_backward_weight on one rank: dx_ holds the
-  /// gradient of the layer's output in, of its input out.
-  void layer_backward(std::size_t slot, int chunk, std::size_t j) {
+  /// The output gradients of layer j of `chunk` in `slot` that its weight gradients read: the
+  /// rank's rows of the MLP's (dy) and of attention's (dx2) output gradients, every row of them
+  /// with sp (dy_all, dx2_all), c_fc's and c_attn's output gradients, and the norms' (rows).
+  /// Without a split backward every layer shares one set, used at once.
+  struct kept_grads {
+    T *dy, *dy_all, *dx2, *dx2_all, *dfc, *dqkv, *dln1, *dln2;
+  };
+  kept_grads kept(std::size_t slot, int chunk, std::size_t j) const {
+    const std::size_t l = split_backward_ ? (slot * chunks_ + static_cast<std::size_t>(chunk)) * layers_ + j : 0;
+    const std::size_t nc = n_ * c_, ncl = n_ * cl_, rc = rows_ * c_;
+    return {kept_dy_.get() + l * rc,   sp_ ? kept_dy_all_.get() + l * nc : nullptr,
+            kept_dx2_.get() + l * rc,  sp_ ? kept_dx2_all_.get() + l * nc : nullptr,
+            kept_dfc_.get() + l * 4 * ncl, kept_dqkv_.get() + l * 3 * ncl,
+            kept_dln1_.get() + l * rc, kept_dln2_.get() + l * rc};
+  }
+
+  /// gpt_model::layer_backward_input on one rank: dx_ holds the gradient of the layer's output
+  /// in, of its input out; what the weight gradients need goes to kept(slot, chunk, j).
+  void layer_backward_input(std::size_t slot, int chunk, std::size_t j) {
     const layer_view a = view(slot, chunk, j);
+    const kept_grads g = kept(slot, chunk, j);
     const int layer = place_.first_layer(m_, chunk) + static_cast<int>(j);
     const std::size_t c = c_, cl = cl_, n = n_, r = rows_, d = c_ / heads_, h = local_heads_, rc = rows_ * c_,
                       ncl = n_ * cl_;
     // MLP: y = x2 + c_proj(gelu(c_fc(ln_2(x2)))).
-    // The output gradients of the rank's rows (dy_, dx2_), and of every row for the blocks (dy, dx2).
-    copy_rows(dy_.get(), dx_.get(), rc);
-    const T* dy = gathered(dy_.get(), dy_all_.get());
+    // The output gradients of the rank's rows (g.dy, g.dx2), and of every row for the blocks (dy, dx2).
+    copy_rows(g.dy, dx_.get(), rc);
+    const T* dy = gathered(g.dy, g.dy_all);
     k_.linear_backward_input(param(param_role::mlp_proj_w, layer), dy, dgelu_.get(), n, 4 * cl, c);
-    k_.gelu_backward(a.fc, dgelu_.get(), dfc_.get(), n * 4 * cl);
-    k_.linear_backward_input(param(param_role::fc_w, layer), dfc_.get(), dln2_.get(), n, c, 4 * cl);
-    // ln_2's output fed every rank's slice of c_fc: its gradient is their sum.
-    const T* dln2 = reduced(dln2_.get(), dln2_rows_.get());
+    k_.gelu_backward(a.fc, dgelu_.get(), g.dfc, n * 4 * cl);
+    // ln_2's output fed every rank's slice of c_fc: its gradient is their sum (in g.dln2).
+    T* dln2_partial = sp_ ? dln2_.get() : g.dln2;
+    k_.linear_backward_input(param(param_role::fc_w, layer), g.dfc, dln2_partial, n, c, 4 * cl);
+    const T* dln2 = reduced(dln2_partial, g.dln2);
     k_.layernorm_backward_input(a.x2, param(param_role::ln_2_w, layer), a.mean2, a.rstd2, dln2, dx_.get(), r, c);
-    copy_rows(dx2_.get(), dx_.get(), rc);
-    const T* dx2 = gathered(dx2_.get(), dx2_all_.get());
+    copy_rows(g.dx2, dx_.get(), rc);
+    const T* dx2 = gathered(g.dx2, g.dx2_all);
     // Attention: x2 = x + c_proj(attention(c_attn(ln_1(x)))).
     if constexpr (is_bf16) {
       k_.linear_backward_input(param(param_role::attn_proj_w, layer), dx2, dattn_products_.get(), n, cl, c);
@@ -676,8 +716,8 @@ class one_gpu_model {
     } else {
       k_.linear_backward_input(param(param_role::attn_proj_w, layer), dx2, dattn_.get(), n, cl, c);
     }
-    for (float* g : {dq_.get(), dk_.get(), dv_.get()})
-      WEFT_CHECK_CUDA(cudaMemsetAsync(g, 0, ncl * sizeof(float), k_.stream()));
+    for (float* grad_of : {dq_.get(), dk_.get(), dv_.get()})
+      WEFT_CHECK_CUDA(cudaMemsetAsync(grad_of, 0, ncl * sizeof(float), k_.stream()));
     for (std::size_t b = 0; b < b_; ++b) {
       const std::size_t o = b * t_ * cl, w = t_ * cl;
       if (ring_) {  // overwrites dq, dk, dv
@@ -690,23 +730,35 @@ class one_gpu_model {
                             d, softmax_scale(), true, a.attn + o, a.lse + b * t_ * h, dattn_.get() + o, dq_.get() + o,
                             dk_.get() + o, dv_.get() + o);
     }
-    copy_columns(dqkv_.get(), 3 * cl, dq_.get(), cl, cl);
-    copy_columns(dqkv_.get() + cl, 3 * cl, dk_.get(), cl, cl);
-    copy_columns(dqkv_.get() + 2 * cl, 3 * cl, dv_.get(), cl, cl);
-    k_.linear_backward_input(param(param_role::attn_w, layer), dqkv_.get(), dln1_.get(), n, c, 3 * cl);
-    const T* dln1 = reduced(dln1_.get(), dln1_rows_.get());  // ln_1's output fed every rank's heads
+    copy_columns(g.dqkv, 3 * cl, dq_.get(), cl, cl);
+    copy_columns(g.dqkv + cl, 3 * cl, dk_.get(), cl, cl);
+    copy_columns(g.dqkv + 2 * cl, 3 * cl, dv_.get(), cl, cl);
+    // ln_1's output fed every rank's heads: its gradient is their sum (in g.dln1).
+    T* dln1_partial = sp_ ? dln1_.get() : g.dln1;
+    k_.linear_backward_input(param(param_role::attn_w, layer), g.dqkv, dln1_partial, n, c, 3 * cl);
+    const T* dln1 = reduced(dln1_partial, g.dln1);
     k_.layernorm_backward_input(a.x, param(param_role::ln_1_w, layer), a.mean1, a.rstd1, dln1, dx_.get(), r, c);
-    // The parameter gradients, in gpt_model::layer_backward_weight's order; the norms' and the
-    // c_proj biases' from the rank's rows (with sp, partial sums: sum_row_split_gradients).
-    k_.column_sums(dy_.get(), grad(param_role::mlp_proj_b, layer), r, c);
+  }
+
+  /// gpt_model::layer_backward_weight on one rank: the parameter gradients, in its order, from the
+  /// layer's activations and what layer_backward_input kept; the norms' and the c_proj biases'
+  /// from the rank's rows (with sp, partial sums: sum_row_split_gradients).
+  void layer_backward_weight(std::size_t slot, int chunk, std::size_t j) {
+    const layer_view a = view(slot, chunk, j);
+    const kept_grads g = kept(slot, chunk, j);
+    const int layer = place_.first_layer(m_, chunk) + static_cast<int>(j);
+    const std::size_t c = c_, cl = cl_, r = rows_;
+    const T* dy = sp_ ? g.dy_all : g.dy;
+    const T* dx2 = sp_ ? g.dx2_all : g.dx2;
+    k_.column_sums(g.dy, grad(param_role::mlp_proj_b, layer), r, c);
     weight_gradients(a.gelu, dy, grad(param_role::mlp_proj_w, layer), nullptr, 4 * cl, c);
-    weight_gradients(a.ln2, dfc_.get(), grad(param_role::fc_w, layer), grad(param_role::fc_b, layer), c, 4 * cl);
-    k_.layernorm_backward_params(a.x2, a.mean2, a.rstd2, dln2, grad(param_role::ln_2_w, layer),
+    weight_gradients(a.ln2, g.dfc, grad(param_role::fc_w, layer), grad(param_role::fc_b, layer), c, 4 * cl);
+    k_.layernorm_backward_params(a.x2, a.mean2, a.rstd2, g.dln2, grad(param_role::ln_2_w, layer),
                                  grad(param_role::ln_2_b, layer), r, c);
-    k_.column_sums(dx2_.get(), grad(param_role::attn_proj_b, layer), r, c);
+    k_.column_sums(g.dx2, grad(param_role::attn_proj_b, layer), r, c);
     weight_gradients(a.attn_products, dx2, grad(param_role::attn_proj_w, layer), nullptr, cl, c);
-    weight_gradients(a.ln1, dqkv_.get(), grad(param_role::attn_w, layer), grad(param_role::attn_b, layer), c, 3 * cl);
-    k_.layernorm_backward_params(a.x, a.mean1, a.rstd1, dln1, grad(param_role::ln_1_w, layer),
+    weight_gradients(a.ln1, g.dqkv, grad(param_role::attn_w, layer), grad(param_role::attn_b, layer), c, 3 * cl);
+    k_.layernorm_backward_params(a.x, a.mean1, a.rstd1, g.dln1, grad(param_role::ln_1_w, layer),
                                  grad(param_role::ln_1_b, layer), r, c);
   }
 
@@ -722,6 +774,7 @@ class one_gpu_model {
   std::vector<param_spec> specs_;
   model_storage storage_;
   weft::tp::vocab_partition vocab_block_;  // the rows of wte this rank holds
+  bool split_backward_ = false;            // zb-h1: weight() adds the layers' weight gradients
   std::vector<std::size_t> offsets_;       // each parameter's place in the parameter buffer
   // c_: the hidden size; cl_: the rank's slice of it (c / tp); vocab_: the real tokens of the
   // rank's vocabulary block; padded_vocab_: the block's rows.
@@ -735,12 +788,13 @@ class one_gpu_model {
   device_ptr<double> row_sums_;               // tp: its exp sums and label logits
   device_ptr<float> m1_, m2_;
   device_ptr<T> working_;  // bf16 only
-  device_ptr<T> stream_, ln1_, ln2_, x2_, fc_, gelu_, head_ln_, head_dh_, qkv_, dqkv_, tmp_, dx_, dy_, dx2_, dln1_,
-      dln2_, dgelu_, dfc_;
+  device_ptr<T> stream_, ln1_, ln2_, x2_, fc_, gelu_, head_ln_, head_dh_, qkv_, tmp_, dx_, dgelu_;
+  device_ptr<T> kept_dy_, kept_dx2_, kept_dfc_, kept_dqkv_, kept_dln1_, kept_dln2_;  // kept_grads
+  device_ptr<T> kept_dy_all_, kept_dx2_all_;                                         // kept_grads, sp only
   device_ptr<float> q_, k_act_, v_, attn_, stats_, lse_, head_stats_, dattn_, dq_, dk_, dv_, logits_;
   device_ptr<T> attn_products_, dattn_products_, dlogits_products_;  // bf16 only
   device_ptr<float> embedding_rows_, wide_logits_;                    // bf16 (or sp: embedding_rows_) only
-  device_ptr<T> ln_rows_, tmp_rows_, dln1_rows_, dln2_rows_, head_dh_rows_, dy_all_, dx2_all_;  // sp only
+  device_ptr<T> ln_rows_, tmp_rows_, head_dh_rows_, dy_all_, dln1_, dln2_;  // sp only
   device_ptr<float> embedding_local_;                                 // sp in bf16 only
   device_ptr<std::int32_t> tokens_, labels_;
   device_ptr<std::int64_t> positions_, sequence_positions_, all_positions_;
@@ -897,14 +951,16 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
       storage.optimizer.push_back(
           {i, 0, specs[i].local_elements, static_cast<std::size_t>(storage.param[i] - storage.params)});
   }
-  // With pp, the schedule (every stage's list of forwards and backwards) and the activations a
-  // stage holds at its peak: the micro-batches whose forward ran and whose backward has not.
+  // With pp, the schedule (every stage's list of forwards, backwards and, under zb-h1, weight
+  // passes) and the activation slots a stage needs: each chunk's micro-batch mb in slot
+  // mb % slots, held from its forward until its backward (its weight pass under zb-h1).
   std::optional<weft::pipeline::schedule> table;
   std::size_t slots = 1;
+  bool split_backward = false;
   if (d.pp > 1) {
-    table = run_schedule(o, r, m.layers);  // not zb-h1 (cuda_trainer_refusal)
-    const std::vector<int> peaks = weft::pipeline::verify(*table).peak_in_flight;
-    slots = static_cast<std::size_t>(std::clamp(peaks.at(static_cast<std::size_t>(coords.pp)), 1, r.micro_batches));
+    table = run_schedule(o, r, m.layers);
+    slots = static_cast<std::size_t>(weft::pipeline::slots_by_micro_batch(*table, coords.pp));
+    split_backward = table->split_backward;
   }
   one_gpu_model<T> model(m, r.choice.micro_batch, k, std::move(storage), place,
                          {.tp = &tp,
@@ -912,7 +968,7 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
                           .cp = &cp,
                           .embedding = embedding,
                           .model = &model_group},
-                         slots);
+                         slots, split_backward);
   const whole_index index(m);
   // Where the run starts: step 0 and the first sequence, or the checkpoint's step and position.
   std::int64_t first_step = 0, first_sequence = 0;
@@ -957,6 +1013,8 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
       model.backward(static_cast<std::size_t>(mb) % slots, chunk, as_model(output_grad.data()),
                      as_model(input_grad.data()));
     };
+    if (split_backward)
+      callbacks.weight = [&](int mb, int chunk) { model.weight(static_cast<std::size_t>(mb) % slots, chunk); };
     pipeline.emplace(pp, std::move(*table), callbacks,
                      weft::pipeline::executor_options<boundary>{
                          .elements = model.boundary_elements(),
