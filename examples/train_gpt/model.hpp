@@ -128,7 +128,7 @@ class gpt_model {
   void bind_param(std::size_t i, std::span<const float> value) { params_.at(i) = value; }
   void bind_grad(std::size_t i, std::span<float> grad) { grads_.at(i) = grad; }
 
-  enum class scope_event { enter_forward, leave_forward, enter_backward, leave_backward };
+  using scope_event = train_gpt::scope_event;
   /// Called around each parameter group's use (group: a layer's index, head_group, embedding_group),
   /// in forward and in backward order. Setting it makes backward compute each group's parameter
   /// gradients inside its scope.
@@ -152,7 +152,7 @@ class gpt_model {
   double exchange_seconds() const noexcept { return exchange_seconds_; }
   /// Gradient groups backward finishes one after another: a layer's parameters (group = its
   /// index), the head's final norm, the embeddings.
-  static constexpr int head_group = -2, embedding_group = -1;
+  static constexpr int head_group = train_gpt::head_group, embedding_group = train_gpt::embedding_group;
   /// Called during `weight` as soon as a group's gradients for this micro-batch are added, so
   /// that their reduction can start while the rest of backward runs.
   void on_gradients_added(std::function<void(int chunk, int group)> f) { on_ready_ = std::move(f); }

@@ -25,6 +25,13 @@
 
 namespace train_gpt {
 
+/// A parameter group's use as a model announces it (gpt_model::on_scope on the CPU, the GPU
+/// trainer's model alike), for sharded training to open and close the units holding the group.
+/// A group is a block's index, `head_group` (the final norm and the output layer) or
+/// `embedding_group` (the token and position embeddings).
+enum class scope_event { enter_forward, leave_forward, enter_backward, leave_backward };
+inline constexpr int head_group = -2, embedding_group = -1;
+
 /// How a parameter's local part is cut from the whole tensor.
 enum class tp_split {
   replicated,  ///< the whole tensor on every tp rank

@@ -28,6 +28,7 @@
 #include <weft/launch/mpi_cross_check.hpp>
 #include <weft/launch/resolve.hpp>
 #include <weft/layout/layout.hpp>
+#include <weft/layout/node_placement.hpp>
 #include <weft/layout/process_groups.hpp>
 #include <weft/pipeline/executor.hpp>
 #include <weft/pipeline/schedule_kind.hpp>
