@@ -28,7 +28,7 @@
 #     train_gpt_device.np2 (14 launches: CPU against GPU, dp2, tp2, tp2 + sp, cp2, pp2 1f1b and zb-h1, curves, refusals)  e 60 s
 #     train_gpt_device_bf16 (5 launches: first step and 50 steps, bf16 against fp32)  e 20 s
 #     train_gpt_device_resume (6 launches: 8 steps against 4 + resume + 4, fp32 and bf16)  e 25 s
-#     train_gpt_device_zero1.np2 (4 launches of 2 ranks: dp2 against dp2 +zero1)  e 20 s
+#     train_gpt_device_sharding.np2 (8 launches of 2 ranks: dp2 against +zero1, +zero2, +zero3, +hsdp)  e 40 s
 #     train_gpt_device_layouts.np2 (6 launches: tp2 + sp's and pp2's checkpoints, bf16 tp2 + sp and cp2)  e 26 s
 #     in all about 250 s one after another; in 4 slots, the np4 tests alone: e 125 s
 #   then alone (its deadline tests give connection setup 0.3 s):
@@ -161,8 +161,8 @@ grep -hE '^(pipeline p2p:|verdict:)|algbw|busbw' "${last_logs[@]}" 2>/dev/null |
 grep -h '^gpu kernel:' "${last_logs[@]}" 2>/dev/null | head -60 || true
 # train_gpt on the GPU: against the CPU trainer (tests/train_gpt/device_check.py), bf16 against
 # fp32 and resume (device_runs_check.py), and GPT-2 small's tokens/s and MFU (bench/gpu_train).
-grep -hE '^(first-step loss|gradients|20 steps|bf16 first-step loss|bf16 gradients|bf16 50 steps|resume|zero1|gpu train)[ :(]' \
-  "${last_logs[@]}" 2>/dev/null | head -30 || true
+grep -hE '^(first-step loss|gradients|20 steps|bf16 first-step loss|bf16 gradients|bf16 50 steps|resume|zero1|zero2|zero3|hsdp|gpu train)[ :(]' \
+  "${last_logs[@]}" 2>/dev/null | head -40 || true
 grep -E 'tests passed|tests failed' "$log" || true
 if [ "$status" -eq 124 ]; then
   echo "gpu-check: FAILED: the tests ran past the budget (${budget} s in all)"

@@ -53,11 +53,9 @@ inline std::optional<std::string> cuda_trainer_refusal(const options& o, const w
            "and --vocab " + std::to_string(o.model.vocab) + " padded to a multiple of --make-vocab-size-divisible-by " +
            std::to_string(divisor) + (d.tp > 1 ? " x tp " + std::to_string(d.tp) + " gives each rank a block that" : "") +
            " is not: give --make-vocab-size-divisible-by 8 (or a multiple of it), or train in fp32";
-  if ((o.sharding != weft::tune::sharding::none && o.sharding != weft::tune::sharding::optimizer) ||
-      o.recompute != weft::tune::recompute::none)
-    return std::string("the trainer on the GPU keeps every activation, every gradient and the parameters whole on its "
-                       "GPU (ZeRO-1 alone shards the optimizer state): drop --recompute and use --sharding none or "
-                       "zero1, or use --device cpu");
+  if (o.recompute != weft::tune::recompute::none)
+    return std::string("the trainer on the GPU keeps every layer's activations from forward to backward (no "
+                       "recomputation): drop --recompute, or use --device cpu");
   // ZeRO-1's moments are sharded over the dp ranks and its gradients reduce-scattered: what the
   // checkpoint files and the gradient dump hold whole.
   if (o.zero1)
@@ -67,6 +65,16 @@ inline std::optional<std::string> cuda_trainer_refusal(const options& o, const w
         return std::string("the trainer on the GPU does not take ") + flag +
                " with --zero1 (its optimizer state and reduced gradients are sharded over the dp ranks, and the "
                "checkpoint files and the gradient dump hold them whole): drop --zero1, or use --device cpu";
+  // ZeRO-2, ZeRO-3 and HSDP shard the parameters and moments too; their gradient dump is
+  // gathered from the shards, but the checkpoint files are not (yet) on the GPU.
+  if (o.sharding == weft::tune::sharding::gradients || o.sharding == weft::tune::sharding::full)
+    for (const auto& [given, flag] :
+         std::vector<std::pair<bool, const char*>>{{o.save.has_value(), "--save"}, {o.resume.has_value(), "--resume"}})
+      if (given)
+        return std::string("the trainer on the GPU does not take ") + flag + " with --sharding " +
+               (o.sharding == weft::tune::sharding::gradients ? "zero2" : o.hybrid ? "hsdp" : "zero3") +
+               " (its parameters and optimizer state are sharded over the dp x cp ranks, and the checkpoint files "
+               "hold them whole): use --sharding none, or --device cpu";
   const std::vector<std::pair<bool, const char*>> cpu_only = {
       {o.save_dir.has_value(), "--save-dir"}, {o.init_from.has_value(), "--init-from"},
       {o.val_data.has_value(), "--val-data"}, {o.trace.has_value(), "--trace"},

@@ -53,7 +53,7 @@ run
 device
   --device KIND          auto (default: CUDA when train_gpt is built with it, every rank sees a GPU and the
                          GPU trainer takes the run: dp, tp (--sequence-parallel too), cp, pp (every schedule),
-                         --zero1, checkpoints by --save and --resume FILE; else the CPU), cpu or cuda
+                         every --sharding, checkpoints by --save and --resume FILE; else the CPU), cpu or cuda
                          (refused, with the reason, where it cannot run)
   --precision P          fp32 (default) or bf16, a GPU precision (bf16 parameters and activations, fp32
                          master weights, optimizer state and gradient reduction)

@@ -4,7 +4,7 @@ and bf16 (needs a GPU: label gpu).
 
   device_runs_check.py bf16 TRAIN_GPT LAUNCH...
   device_runs_check.py resume TRAIN_GPT LAUNCH...
-  device_runs_check.py zero1 [--rank-wrapper SCRIPT] TRAIN_GPT LAUNCH...
+  device_runs_check.py sharding [--rank-wrapper SCRIPT] TRAIN_GPT LAUNCH...
   device_runs_check.py layouts [--rank-wrapper SCRIPT] TRAIN_GPT LAUNCH...
 
 The model is device_check.py's (2 layers, hidden 64, 4 heads, seq 32, vocabulary 256, two
@@ -38,12 +38,17 @@ resume: for fp32 and for bf16, 2N steps (N = 4) with --save, against N steps wit
   digit), and the two final checkpoints (weights, and AdamW's moments with the step and the data
   position) byte-equal.
 
-zero1: dp 2 with --zero1 (AdamW on each rank's shard of the reduce-scattered gradients, then the
-  shards gathered) against plain dp 2, 10 steps in fp32 and in bf16: the same printed losses to the
-  last digit. With two ranks a reduce-scatter and an all-reduce add the same two numbers, and
-  AdamW is elementwise, so the weights stay bit-equal; a shard left ungathered, a moment applied to
-  the wrong run or a stale bf16 copy changes the losses from the second step. --rank-wrapper runs
-  each rank through SCRIPT (tests/nccl/per_rank_hostid.sh, where the ranks share one GPU).
+sharding: dp 2 with --zero1 (AdamW on each rank's shard of the reduce-scattered gradients, then the
+  shards gathered) in fp32 and in bf16, and with the sharded units of --sharding zero2, zero3 (and
+  zero3 in bf16) and hsdp with --ranks-per-node 1 (shard groups of one rank, the gradients
+  all-reduced across the two replicas), each against plain dp 2 for 10 steps: the same printed
+  losses to the last digit. With two ranks a reduce-scatter and an all-reduce add the same two
+  numbers, each rank runs one micro-batch a step (so the units reduce what the synchronizer
+  reduces), and AdamW is elementwise, so the weights stay bit-equal; a shard left ungathered, a
+  moment applied to the wrong run, a unit bound to another's parameters, the output layer's
+  gradient left out of the root's, or a stale bf16 copy changes the losses from the first or second
+  step. --rank-wrapper runs each rank through SCRIPT (tests/nccl/per_rank_hostid.sh, where the
+  ranks share one GPU).
 
 layouts: one step in fp32 on one GPU (its gradients dumped) against
   1. one step at lr 0 on one GPU, as tp 2 with sequence parallelism and as pp 2, each saved: the
@@ -143,18 +148,22 @@ def check_resume(one, tmp, failures):
                             f"{differing[:5] or 'in their metadata'} (weights {same[0]}, optimizer state {same[1]})")
 
 
-def check_zero1(two, failures):
-    for precision in ("fp32", "bf16"):
+def check_sharding(two, failures):
+    levels = {"fp32": (("zero1", ["--zero1"]), ("zero2", ["--sharding", "zero2"]), ("zero3", ["--sharding", "zero3"]),
+                       ("hsdp", ["--sharding", "hsdp", "--ranks-per-node", "1"])),
+              "bf16": (("zero1", ["--zero1"]), ("zero3", ["--sharding", "zero3"]))}
+    for precision, runs in levels.items():
         flags = MODEL + ["--precision", precision, "--dp", "2", "--steps", "10"]
-        plain = run(two + flags)
-        sharded = run(two + flags + ["--zero1"])
-        if "+zero1," not in sharded:
-            failures.append(f"{precision}: --zero1 did not say it shards the optimizer state:\n" + sharded[-2000:])
-        a, b = losses(plain), losses(sharded)
-        print(f"zero1 ({precision}): dp2 {a[-1:]} dp2 +zero1 {b[-1:]}, {'equal' if a == b else 'different'} over "
-              f"{len(a)} steps")
-        if len(a) != 10 or a != b:
-            failures.append(f"{precision}: dp2 printed {a}, dp2 with --zero1 {b}")
+        a = losses(run(two + flags))
+        for level, extra in runs:
+            sharded = run(two + flags + extra)
+            if f"+{level}," not in sharded:
+                failures.append(f"{precision}: {' '.join(extra)} did not say +{level} in its header:\n" + sharded[-2000:])
+            b = losses(sharded)
+            print(f"{level} ({precision}): dp2 {a[-1:]} dp2 +{level} {b[-1:]}, {'equal' if a == b else 'different'} "
+                  f"over {len(a)} steps")
+            if len(a) != 10 or a != b:
+                failures.append(f"{precision}: dp2 printed {a}, dp2 with {' '.join(extra)} {b}")
 
 
 def relative_errors(reference, other):
@@ -214,12 +223,12 @@ def main():
             check_bf16(one, tmp, failures)
         elif mode == "resume":
             check_resume(one, tmp, failures)
-        elif mode == "zero1":
-            check_zero1(two, failures)
+        elif mode == "sharding":
+            check_sharding(two, failures)
         elif mode == "layouts":
             check_layouts(one, two, tmp, failures)
         else:
-            sys.exit(f"device_runs_check: unknown mode '{mode}' (bf16, resume, zero1 or layouts)")
+            sys.exit(f"device_runs_check: unknown mode '{mode}' (bf16, resume, sharding or layouts)")
     if failures:
         print("device_runs_check: FAILED:\n" + "\n".join(failures))
         return 1

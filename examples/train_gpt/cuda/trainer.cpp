@@ -54,6 +54,7 @@
 #include "options.hpp"
 #include "parameters.hpp"
 #include "ring_kernel.hpp"
+#include "sharded_units.hpp"
 #include "trainer.hpp"
 
 namespace train_gpt {
@@ -88,13 +89,17 @@ device_ptr<T> device_alloc(std::size_t n) {
 /// Where the model's parameters and gradients live (device memory it does not own: the flat
 /// buffers laid out by the synchronizer's plan), and the runs of parameters this rank's AdamW
 /// updates (every parameter whole, or with ZeRO-1 this rank's shard: state_offset is then the
-/// run's place in the shard-sized moments).
+/// run's place in the shard-sized moments). With sharded units (ZeRO-2, ZeRO-3, HSDP) there is
+/// no buffer: each unit's gathered parameters and gradient buffer are bound while its scope is
+/// open (one_gpu_model::bind_param, bind_grad), and AdamW runs on the shards outside the model.
 struct model_storage {
-  float* params = nullptr;  ///< the parameter buffer's first element (padding included)
-  std::size_t params_total = 0;
+  float* params = nullptr;  ///< the parameter buffer's first element (padding included); null with units
+  std::size_t params_total = 0;  ///< elements of that layout (with units: the parameters packed)
   std::vector<float*> param, grad;  ///< each parameter's elements in the buffers (rank_parameters order)
+  std::vector<std::size_t> offset;  ///< each parameter's place in that layout
   std::vector<state_segment> optimizer;
   bool sharded = false;  ///< ZeRO-1: `optimizer` is this rank's shard
+  bool units = false;    ///< ZeRO-2, ZeRO-3, HSDP: parameters and gradients bound per unit scope
 };
 
 /// One rank's GPT-2 on its GPU: the fp32 master parameters, AdamW's moments and the activations
@@ -152,9 +157,11 @@ class one_gpu_model {
     vocab_ = vocab_block_.real_rows();
     padded_vocab_ = vocab_block_.per_rank;
     total_ = storage_.params_total;
-    for (float* p : storage_.param) offsets_.push_back(static_cast<std::size_t>(p - storage_.params));
-    // AdamW's moments: beside the parameters (same offsets), or the shard's runs one after another.
-    moments_ = total_;
+    offsets_ = storage_.offset;
+    read_.assign(storage_.param.begin(), storage_.param.end());
+    // AdamW's moments: beside the parameters (same offsets), or the shard's runs one after another
+    // (none with units: their AdamW runs on the shards).
+    moments_ = storage_.units ? 0 : total_;
     if (storage_.sharded) {
       moments_ = 0;
       for (const state_segment& s : storage_.optimizer) moments_ = std::max(moments_, s.state_offset + s.count);
@@ -164,6 +171,13 @@ class one_gpu_model {
     WEFT_CHECK_CUDA(cudaMemsetAsync(m1_.get(), 0, moments_ * sizeof(float), k_.stream()));
     WEFT_CHECK_CUDA(cudaMemsetAsync(m2_.get(), 0, moments_ * sizeof(float), k_.stream()));
     if constexpr (is_bf16) working_ = device_alloc<T>(total_);
+    if (storage_.units) {
+      if (place_.pp > 1) throw std::logic_error("train_gpt: sharded units with pipeline stages");
+      wte_grad_stash_ = device_alloc<float>(vocab_block_.per_rank * c_);
+      zeros_ = device_alloc<float>(c_);
+      WEFT_CHECK_CUDA(cudaMemsetAsync(wte_grad_stash_.get(), 0, vocab_block_.per_rank * c_ * sizeof(float), k_.stream()));
+      WEFT_CHECK_CUDA(cudaMemsetAsync(zeros_.get(), 0, c_ * sizeof(float), k_.stream()));
+    }
     // nc: every row of the micro-batch, a full row of activations per token; ncl: the rank's tp
     // slice of the heads or of the MLP's inner width (a quarter of it); rc: the rank's rows (all of
     // them without sequence parallelism). l: the layers whose activations are kept, those of each
@@ -265,15 +279,37 @@ class one_gpu_model {
   }
 
   /// The initial weights (initial_whole, the CPU trainer's, cut to this rank's parts: the padded
-  /// vocabulary rows zero).
-  void initialize(std::uint64_t seed) {
+  /// vocabulary rows zero), on the host in the storage's layout (offset).
+  std::vector<float> initial_values(std::uint64_t seed) const {
     std::vector<float> host(total_, 0.0f);
     for (std::size_t i = 0; i < specs_.size(); ++i)
       cut_local(specs_[i], place_.tp_rank, place_.tp, initial_whole(specs_[i], m_, seed),
                 std::span<float>(host).subspan(offsets_[i], specs_[i].local_elements));
-    upload(storage_.params, host);
+    return host;
+  }
+  /// Sets the parameter buffer to the initial weights (not with units: load initial_values'
+  /// parameters into the shards).
+  void initialize(std::uint64_t seed) {
+    if (storage_.units) throw std::logic_error("train_gpt: initialize() on a model whose parameters live in units");
+    upload(storage_.params, initial_values(seed));
     refresh_working_copy();
   }
+
+  // ---- sharded units (ZeRO-2, ZeRO-3, HSDP) --------------------------------------------------
+  /// Called around each parameter group's use (sharded_units::on_scope), in forward and backward
+  /// order, as gpt_model announces them on the CPU: the embeddings, each block, the head.
+  void on_scope(std::function<void(int group, scope_event)> f) { on_scope_ = std::move(f); }
+  /// Parameter i's gathered fp32 values, valid while its unit's scope is open; in bf16 also
+  /// rounded into the products' copy (so it is refreshed at every gather).
+  void bind_param(std::size_t i, std::span<const float> value) {
+    read_.at(i) = value.data();
+    if constexpr (is_bf16) k_.convert(value.data(), working_.get() + offsets_[i], value.size());
+  }
+  /// Parameter i's gradient buffer, valid while its unit's backward scope is open.
+  void bind_grad(std::size_t i, std::span<float> grad_buffer) { storage_.grad.at(i) = grad_buffer.data(); }
+  /// In place on the compute stream, the sum over tp of a gradient (sequence parallelism's
+  /// replicated parameters, before their unit's reduction); waited for in settle().
+  void sum_gradient_over_tp(std::span<float> g) { sum_over_tp(g.data(), g.size()); }
 
   /// The three states a checkpoint holds, each as whole tensors (checkpoint order: the padded
   /// vocabulary rows left out), and back. Not with ZeRO-1 (each rank holds a shard of the moments).
@@ -308,12 +344,27 @@ class one_gpu_model {
                double* row_losses) {
     const std::size_t rc = rows_ * c_;
     T* in = stream_at(slot, chunk, 0);
-    if (place_.first_stage(chunk)) embed(slot, tokens);
-    else copy_rows(in, input, rc);
-    for (std::size_t j = 0; j < layers_; ++j) layer_forward(slot, chunk, j);
+    if (place_.first_stage(chunk)) {
+      scope(embedding_group, scope_event::enter_forward);
+      embed(slot, tokens);
+      scope(embedding_group, scope_event::leave_forward);
+    } else {
+      copy_rows(in, input, rc);
+    }
+    for (std::size_t j = 0; j < layers_; ++j) {
+      const int layer = place_.first_layer(m_, chunk) + static_cast<int>(j);
+      scope(layer, scope_event::enter_forward);
+      layer_forward(slot, chunk, j);
+      scope(layer, scope_event::leave_forward);
+    }
     const T* out = stream_at(slot, chunk, layers_);
-    if (place_.last_stage(chunk)) head(slot, out, labels, loss_scale, row_losses);
-    else copy_rows(output, out, rc);
+    if (place_.last_stage(chunk)) {
+      scope(head_group, scope_event::enter_forward);
+      head(slot, out, labels, loss_scale, row_losses);
+      scope(head_group, scope_event::leave_forward);
+    } else {
+      copy_rows(output, out, rc);
+    }
   }
 
   /// Backward of one micro-batch through chunk `chunk` (its activations in `slot`): from the
@@ -322,6 +373,14 @@ class one_gpu_model {
   void backward(std::size_t slot, int chunk, const T* output_grad, T* input_grad) {
     const std::size_t rc = rows_ * c_;
     if (place_.last_stage(chunk)) {
+      scope(head_group, scope_event::enter_backward);
+      if (wte_grad_stash_) {
+        // Units: the output layer's weight gradient, which forward computed before the root's
+        // gradient buffer existed, added into it now that its backward scope is open.
+        float* g = grad(param_role::wte);
+        k_.residual_add(g, wte_grad_stash_.get(), zeros_.get(), g, padded_vocab_, c_);
+        WEFT_CHECK_CUDA(cudaMemsetAsync(wte_grad_stash_.get(), 0, padded_vocab_ * c_ * sizeof(float), k_.stream()));
+      }
       // The final norm's backward from the head's output gradient (summed over tp in forward).
       const T* h_in = stream_at(slot, chunk, layers_);
       const float* mean = head_stats_.get() + slot * 2 * rows_;
@@ -330,14 +389,19 @@ class one_gpu_model {
       WEFT_CHECK_CUDA(cudaMemsetAsync(dx_.get(), 0, rc * sizeof(T), k_.stream()));
       k_.layernorm_backward_input(h_in, param(param_role::ln_f_w), mean, rstd, dh, dx_.get(), rows_, c_);
       k_.layernorm_backward_params(h_in, mean, rstd, dh, grad(param_role::ln_f_w), grad(param_role::ln_f_b), rows_, c_);
+      scope(head_group, scope_event::leave_backward);
     } else {
       copy_rows(dx_.get(), output_grad, rc);
     }
     for (std::size_t j = layers_; j-- > 0;) {
+      const int layer = place_.first_layer(m_, chunk) + static_cast<int>(j);
+      scope(layer, scope_event::enter_backward);
       layer_backward_input(slot, chunk, j);
       if (!split_backward_) layer_backward_weight(slot, chunk, j);
+      scope(layer, scope_event::leave_backward);
     }
     if (!place_.first_stage(chunk)) return copy_rows(input_grad, dx_.get(), rc);
+    scope(embedding_group, scope_event::enter_backward);
     // Every row's gradient (gathered from the tp ranks with sp; whole on every tp rank): the
     // positions' from each row, the block's tokens' from their rows (the other blocks' tokens are
     // -1 here). With sp every rank thus computes wpe's whole gradient, not a partial sum.
@@ -350,6 +414,7 @@ class one_gpu_model {
     } else {
       k_.embedding_backward(tokens, positions_.get(), dx_all, grad(param_role::wte), grad(param_role::wpe), n_, c_);
     }
+    scope(embedding_group, scope_event::leave_backward);
   }
 
   /// A split backward's second part for (slot, chunk), after `backward`: every layer's weight
@@ -388,9 +453,11 @@ class one_gpu_model {
       k_.adamw(storage_.param[seg.param] + seg.param_offset, storage_.grad[seg.param] + seg.param_offset,
                m1_.get() + seg.state_offset, m2_.get() + seg.state_offset, seg.count, step, s, specs_[seg.param].decay);
   }
-  /// bf16: the products' copy of the master weights, rounded to nearest (after every change to them).
+  /// bf16: the products' copy of the master weights, rounded to nearest (after every change to
+  /// them; with units bind_param makes it at every gather).
   void refresh_working_copy() {
-    if constexpr (is_bf16) k_.convert(storage_.params, working_.get(), total_);
+    if constexpr (is_bf16)
+      if (!storage_.units) k_.convert(storage_.params, working_.get(), total_);
   }
 
   /// The gradients as whole tensors in checkpoint order (the padded vocabulary rows left out);
@@ -412,17 +479,26 @@ class one_gpu_model {
   /// whole (collective over that group).
   template <class Local>
   std::vector<float> whole_of(const whole_index& index, Local&& local_of) {
-    std::vector<float> local(total_), whole(index.total, 0.0f);
+    std::vector<float> local(total_);
     for (std::size_t i = 0; i < specs_.size(); ++i)
       WEFT_CHECK_CUDA(cudaMemcpyAsync(local.data() + offsets_[i], local_of(i), specs_[i].local_elements * sizeof(float),
                                       cudaMemcpyDeviceToHost, k_.stream()));
     WEFT_CHECK_CUDA(cudaStreamSynchronize(k_.stream()));
+    return whole_from_local(index, local);
+  }
+
+ public:
+  /// Whole tensors (checkpoint order) from every parameter's local elements on the host, in the
+  /// storage's layout (offset): with units, what sharded_units::packed gathered. Collective over
+  /// tp x pp, as whole_of.
+  std::vector<float> whole_from_local(const whole_index& index, std::span<const float> local) {
+    std::vector<float> whole(index.total, 0.0f);
     const ownership own{.tp_rank = place_.tp_rank, .tp = place_.tp, .data_leader = true};  // the CPU trainer's rule
     for (std::size_t i = 0; i < specs_.size(); ++i) {
       const bool last_stage_copy = specs_[i].role == param_role::wte && !place_.first_stage(specs_[i].chunk);
       if (!own.owns(specs_[i], /*sharded=*/false) || last_stage_copy) continue;
       place_local(specs_[i], place_.tp_rank, place_.tp,
-                  std::span<const float>(local).subspan(offsets_[i], specs_[i].local_elements),
+                  local.subspan(offsets_[i], specs_[i].local_elements),
                   std::span<float>(whole).subspan(index.offset.at(specs_[i].name),
                                                   static_cast<std::size_t>(elements_of(specs_[i].whole))));
     }
@@ -436,6 +512,8 @@ class one_gpu_model {
     }
     return whole;
   }
+
+ private:
 
   /// The residual stream of `slot` and `chunk` before its layer `j` (j = layers_: the chunk's output).
   T* stream_at(std::size_t slot, int chunk, std::size_t j) const {
@@ -505,12 +583,12 @@ class one_gpu_model {
         loss(slot, rows, r0, loss_scale, row_losses);
         if (v > 0) k_.convert_columns(logits_.get(), v, dlogits_products_.get(), vp, v, rows);
         k_.logits_backward_input(param(param_role::wte), dlogits_products_.get(), dh, rows, c_, vp);
-        k_.logits_backward_weight(head_ln_.get() + r0 * c_, dlogits_products_.get(), grad(param_role::wte), rows, c_, vp);
+        k_.logits_backward_weight(head_ln_.get() + r0 * c_, dlogits_products_.get(), output_layer_grad(), rows, c_, vp);
       } else if (vocab_ > 0) {
         k_.logits_forward(head_ln_.get() + r0 * c_, param(param_role::wte), logits_.get(), rows, c_, vocab_);
         loss(slot, rows, r0, loss_scale, row_losses);
         k_.logits_backward_input(param(param_role::wte), logits_.get(), dh, rows, c_, vocab_);
-        k_.logits_backward_weight(head_ln_.get() + r0 * c_, logits_.get(), grad(param_role::wte), rows, c_, vocab_);
+        k_.logits_backward_weight(head_ln_.get() + r0 * c_, logits_.get(), output_layer_grad(), rows, c_, vocab_);
       } else {  // a block wholly in the padding: no logits, but the loss's sums over tp still
         loss(slot, rows, r0, loss_scale, row_losses);
         WEFT_CHECK_CUDA(cudaMemsetAsync(dh, 0, rows * c_ * sizeof(T), k_.stream()));
@@ -567,6 +645,7 @@ class one_gpu_model {
                             row_losses + r0);
   }
   float* of(state which) const {
+    if (storage_.units) throw std::logic_error("train_gpt: a whole state of a model whose parameters live in units");
     if (which != state::params && storage_.sharded)
       throw std::logic_error("train_gpt: the whole moments of a ZeRO-1 shard were asked for");
     return which == state::params ? storage_.params : which == state::exp_avg ? m1_.get() : m2_.get();
@@ -589,13 +668,20 @@ class one_gpu_model {
     throw std::logic_error("train_gpt: no parameter for layer " + std::to_string(layer));
   }
   /// The fp32 master weights.
-  const float* master(param_role role, int layer = -1) const { return storage_.param[index_of(layer, role)]; }
+  const float* master(param_role role, int layer = -1) const { return read_[index_of(layer, role)]; }
   /// The weights the products and norms read: the master weights in fp32, their bf16 copy in bf16.
   const T* param(param_role role, int layer = -1) const {
     if constexpr (is_bf16) return working_.get() + offsets_[index_of(layer, role)];
     else return master(role, layer);
   }
   float* grad(param_role role, int layer = -1) const { return storage_.grad.at(index_of(layer, role)); }
+  /// Where the head adds the output layer's weight gradient in forward: the tied embedding's
+  /// gradient, or with units (whose root has no gradient buffer in forward) the stash backward
+  /// adds into it.
+  float* output_layer_grad() const { return wte_grad_stash_ ? wte_grad_stash_.get() : grad(param_role::wte); }
+  void scope(int group, scope_event e) {
+    if (on_scope_) on_scope_(group, e);
+  }
 
   struct layer_view {
     T *x, *out, *ln1;
@@ -775,6 +861,8 @@ class one_gpu_model {
   model_storage storage_;
   weft::tp::vocab_partition vocab_block_;  // the rows of wte this rank holds
   bool split_backward_ = false;            // zb-h1: weight() adds the layers' weight gradients
+  std::vector<const float*> read_;         // each parameter's fp32 values (with units: bound per scope)
+  std::function<void(int, scope_event)> on_scope_;  // units only
   std::vector<std::size_t> offsets_;       // each parameter's place in the parameter buffer
   // c_: the hidden size; cl_: the rank's slice of it (c / tp); vocab_: the real tokens of the
   // rank's vocabulary block; padded_vocab_: the block's rows.
@@ -796,6 +884,7 @@ class one_gpu_model {
   device_ptr<float> embedding_rows_, wide_logits_;                    // bf16 (or sp: embedding_rows_) only
   device_ptr<T> ln_rows_, tmp_rows_, head_dh_rows_, dy_all_, dln1_, dln2_;  // sp only
   device_ptr<float> embedding_local_;                                 // sp in bf16 only
+  device_ptr<float> wte_grad_stash_, zeros_;                          // units only
   device_ptr<std::int32_t> tokens_, labels_;
   device_ptr<std::int64_t> positions_, sequence_positions_, all_positions_;
   std::optional<weft::cp::ring_attention<weft::nccl_backend, cuda::ring_kernel>> ring_;  // with cp
@@ -919,37 +1008,90 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
   // in fp32), added over the step's micro-batches and summed over dp x cp once after the last (the
   // loss is already divided by the global batch's tokens), as the CPU trainer's. With ZeRO-1
   // (--zero1) it reduce-scatters them instead, each rank's AdamW updates its shard, and the shards
-  // are gathered after the step.
+  // are gathered after the step. With ZeRO-2, ZeRO-3 and HSDP (--sharding) the parameters are the
+  // units of sharded_units.hpp over dp x cp instead (the CPU trainer's units): gathered per unit
+  // as the model opens its scopes, each unit's gradients reduce-scattered in fp32 as its backward
+  // ends, and AdamW on this rank's shards, its moments in device memory laid out like them.
   using synchronizer = weft::grad::synchronizer<weft::nccl_backend, float>;
-  synchronizer sync(dp, weft::grad::sync_options{.bucket_bytes = o.bucket_mb > 0
-                                                                     ? static_cast<std::size_t>(o.bucket_mb * (1 << 20))
-                                                                     : std::size_t{25} << 20,
-                                                 .accumulation_steps = 1,
-                                                 .scale = weft::grad::scaling::sum,
-                                                 .shard_optimizer_state = o.zero1,
-                                                 .warn_if_not_overlapped = false});
-  sync.set_compute_stream(stream.get());
   const std::vector<param_spec> specs = rank_parameters(m, place);
-  for (const param_spec& p : specs) sync.add_param(p.name, p.local_elements);
-  sync.freeze();
-  // The parameters in a device buffer laid out by the same plan (what gather_params fills).
-  synchronizer::buffer_type params(sync.shared_plan(), dp.native().device());
+  const bool fully_sharded = runs_fully_sharded(r.choice.sharding_mode);
+  std::optional<synchronizer> sync;
+  std::optional<synchronizer::buffer_type> params;
+  std::optional<sharded_units<weft::nccl_backend>> units;
+  std::vector<device_ptr<float>> unit_m1, unit_m2;  // AdamW's moments of each unit's shard
+  one_gpu_model<T>* bound = nullptr;                 // the model the units bind (made below)
   model_storage storage;
-  storage.params = params.all().data();
-  storage.params_total = params.all().size();
-  storage.sharded = o.zero1;
-  for (std::size_t i = 0; i < specs.size(); ++i) {
-    storage.param.push_back(params.view(i).data());
-    storage.grad.push_back(sync.grad(i).data());
-  }
-  if (o.zero1) {
-    std::size_t at = 0;
-    for (const weft::grad::shard_segment& s : sync.shard_segments())
-      storage.optimizer.push_back({s.param, s.param_offset, s.count, at}), at += s.count;
+  if (fully_sharded) {
+    int node = 0;
+    if (o.hybrid) {
+      // HSDP's nodes, world rank by world rank (as the CPU trainer finds them): blocks of
+      // --ranks-per-node ranks, or the launcher's nodes; checked before any group is split.
+      const std::int64_t mine =
+          o.ranks_per_node > 0 ? weft::layout::node_of(rank, o.ranks_per_node) : weft::resolve_launch_with_mpi().node;
+      std::vector<std::int64_t> all(static_cast<std::size_t>(world.size()));
+      world.host_all_gather(std::span<const std::int64_t>(&mine, 1), all);
+      const std::vector<int> nodes(all.begin(), all.end());
+      const std::string source = o.ranks_per_node > 0 ? std::to_string(o.ranks_per_node) + " ranks per node"
+                                                      : "the nodes the launcher put the ranks on";
+      if (auto problem = hybrid_shard_problem(weft::layout::rank_layout(d), nodes, source))
+        throw weft_programs::input_error(*problem);
+      node = static_cast<int>(mine);
+    }
+    units.emplace(dp, tp, specs,
+                  sharded_units<weft::nccl_backend>::settings{.level = r.choice.sharding_mode,
+                                                              .hybrid = o.hybrid,
+                                                              .node = node,
+                                                              .micro_batches = r.micro_batches,
+                                                              .sequence_parallel = r.sequence_parallel()},
+                  [&](std::size_t u, bool backward) {
+                    for (std::size_t j = 0; j < units->unit(u).size(); ++j) {
+                      bound->bind_param(units->unit(u)[j], units->model().param(u, j));
+                      if (backward) bound->bind_grad(units->unit(u)[j], units->model().grad(u, j));
+                    }
+                  });
+    units->model().set_compute_stream(stream.get());
+    units->model().freeze();
+    for (std::size_t u = 0; u < units->unit_count(); ++u) {
+      const std::size_t n_shard = units->model().shard_params_view(u).size();
+      for (auto* moments : {&unit_m1, &unit_m2}) {
+        moments->push_back(device_alloc<float>(n_shard));
+        WEFT_CHECK_CUDA(cudaMemsetAsync(moments->back().get(), 0, n_shard * sizeof(float), stream.get()));
+      }
+    }
+    storage.units = true;
+    storage.params_total = units->packed_elements();
+    storage.offset.assign(units->packed_offsets().begin(), units->packed_offsets().end());
+    storage.param.assign(specs.size(), nullptr);
+    storage.grad.assign(specs.size(), nullptr);
   } else {
-    for (std::size_t i = 0; i < specs.size(); ++i)
-      storage.optimizer.push_back(
-          {i, 0, specs[i].local_elements, static_cast<std::size_t>(storage.param[i] - storage.params)});
+    sync.emplace(dp, weft::grad::sync_options{.bucket_bytes = o.bucket_mb > 0
+                                                                  ? static_cast<std::size_t>(o.bucket_mb * (1 << 20))
+                                                                  : std::size_t{25} << 20,
+                                              .accumulation_steps = 1,
+                                              .scale = weft::grad::scaling::sum,
+                                              .shard_optimizer_state = o.zero1,
+                                              .warn_if_not_overlapped = false});
+    sync->set_compute_stream(stream.get());
+    for (const param_spec& p : specs) sync->add_param(p.name, p.local_elements);
+    sync->freeze();
+    // The parameters in a device buffer laid out by the same plan (what gather_params fills).
+    params.emplace(sync->shared_plan(), dp.native().device());
+    storage.params = params->all().data();
+    storage.params_total = params->all().size();
+    storage.sharded = o.zero1;
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      storage.param.push_back(params->view(i).data());
+      storage.grad.push_back(sync->grad(i).data());
+      storage.offset.push_back(static_cast<std::size_t>(storage.param[i] - storage.params));
+    }
+    if (o.zero1) {
+      std::size_t at = 0;
+      for (const weft::grad::shard_segment& s : sync->shard_segments())
+        storage.optimizer.push_back({s.param, s.param_offset, s.count, at}), at += s.count;
+    } else {
+      for (std::size_t i = 0; i < specs.size(); ++i)
+        storage.optimizer.push_back({i, 0, specs[i].local_elements, storage.offset[i]});
+    }
   }
   // With pp, the schedule (every stage's list of forwards, backwards and, under zb-h1, weight
   // passes) and the activation slots a stage needs: each chunk's micro-batch mb in slot
@@ -969,12 +1111,22 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
                           .embedding = embedding,
                           .model = &model_group},
                          slots, split_backward);
+  if (units) {
+    bound = &model;
+    model.on_scope([&](int group, scope_event e) {
+      units->on_scope(group, e, [&](std::span<float> g) { model.sum_gradient_over_tp(g); });
+    });
+  }
   const whole_index index(m);
   // Where the run starts: step 0 and the first sequence, or the checkpoint's step and position.
   std::int64_t first_step = 0, first_sequence = 0;
   if (o.resume) {
     std::tie(first_step, first_sequence) = resume_checkpoint(model, o, r, index);
     if (rank == 0) std::printf("resumed from %s at step %lld\n", o.resume->c_str(), static_cast<long long>(first_step));
+  } else if (units) {
+    const std::vector<float> initial = model.initial_values(o.seed);
+    for (std::size_t i = 0; i < specs.size(); ++i)
+      units->load_param(i, std::span<const float>(initial).subspan(units->packed_offsets()[i], specs[i].local_elements));
   } else {
     model.initialize(o.seed);
   }
@@ -1030,7 +1182,7 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
     std::printf("train_gpt: %d layers, hidden %d, %d heads, vocab %d, seq %d (%.2f M parameters) on %d GPU(s) in %s: "
                 "tp %d pp %d dp %d cp %d%s, %s schedule, global batch %d = %d micro-batch(es) of %d per dp rank\n",
                 m.layers, m.hidden, m.heads, m.vocab, m.seq, static_cast<double>(m.parameter_count()) / 1e6,
-                world.size(), precision, d.tp, d.pp, d.dp, d.cp, o.zero1 ? " +zero1" : "",
+                world.size(), precision, d.tp, d.pp, d.dp, d.cp, sharding_text(o).c_str(),
                 d.pp > 1 ? o.schedule.c_str() : "no pipeline", r.global_batch, r.micro_batches, r.choice.micro_batch);
   const auto run_start = clock::now();
   for (std::int64_t step = first_step; step < o.steps; ++step) {
@@ -1058,10 +1210,16 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
     }
     // Every gradient of the step is added: the sums over tp (sequence parallelism's) and between
     // the tied embedding's copies (pp), then the reduction over dp x cp, which the compute stream
-    // waits for.
-    model.sum_row_split_gradients();
-    model.tie_embeddings();
-    sync.reduce_all();
+    // waits for. With units each unit's reduction was issued as its backward ended (the tp sums
+    // inside its scope), and the last micro-batch's root finished the step's.
+    if (units) {
+      if (!units->step_ready())
+        throw std::logic_error("train_gpt: the sharded units' step did not end with the last micro-batch");
+    } else {
+      model.sum_row_split_gradients();
+      model.tie_embeddings();
+      sync->reduce_all();
+    }
     WEFT_CHECK_CUDA(cudaMemcpyAsync(host_losses.data(), row_losses.get(), host_losses.size() * sizeof(double),
                                     cudaMemcpyDeviceToHost, stream.get()));
     std::optional<weft::checkpoint::checkpoint_file> dump;
@@ -1069,7 +1227,14 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
     // same), written by rank 0.
     const bool gathers = coords.dp == 0 && coords.cp == 0;
     std::vector<float> dumped_gradients;
-    if (o.dump_grads && gathers) dumped_gradients = model.whole_gradients(index);
+    if (o.dump_grads && units) {
+      // The reduced gradient shards gathered over dp x cp (every rank of it), then as above.
+      const std::vector<float> packed =
+          units->packed([&](std::size_t u) { return units->model().shard_grads(u); });
+      if (gathers) dumped_gradients = model.whole_from_local(index, packed);
+    } else if (o.dump_grads && gathers) {
+      dumped_gradients = model.whole_gradients(index);
+    }
     if (o.dump_grads && rank == 0) {
       // trainer::dump_gradients' file: whole gradients (after the dp sum), then the whole global
       // batch's input_ids and labels, and the loss.
@@ -1085,15 +1250,31 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
       dump->tensors.push_back(weft::checkpoint::make_record<std::int64_t>("labels", {r.global_batch, m.seq}, next));
     }
     const double lr = o.warmup > 0 && step + 1 <= o.warmup ? o.lr * static_cast<double>(step + 1) / o.warmup : o.lr;
-    model.adamw(static_cast<long>(step + 1), {.lr = static_cast<float>(lr),
-                                              .beta1 = static_cast<float>(o.beta1),
-                                              .beta2 = static_cast<float>(o.beta2),
-                                              .eps = static_cast<float>(o.eps),
-                                              .weight_decay = static_cast<float>(o.weight_decay)});
-    // ZeRO-1: every rank's updated shard to every rank (queued after AdamW; the compute stream waits).
-    if (o.zero1) sync.gather_params(params);
-    model.refresh_working_copy();
-    sync.zero_grad();
+    const cuda::adamw_settings adamw{.lr = static_cast<float>(lr),
+                                     .beta1 = static_cast<float>(o.beta1),
+                                     .beta2 = static_cast<float>(o.beta2),
+                                     .eps = static_cast<float>(o.eps),
+                                     .weight_decay = static_cast<float>(o.weight_decay)};
+    if (units) {
+      // AdamW on this rank's shard of each unit (the compute stream waits for the reductions), the
+      // shards then gathered again by the next forward; the gradient shards zeroed after it.
+      for (std::size_t u = 0; u < units->unit_count(); ++u) {
+        const std::span<float> shard = units->model().shard_params(u);
+        const std::span<const float> grads = units->model().shard_grads(u);
+        for (const weft::fsdp::shard_run& run : units->model().shard_runs(u))
+          k.adamw(shard.data() + run.shard_offset, grads.data() + run.shard_offset, unit_m1[u].get() + run.shard_offset,
+                  unit_m2[u].get() + run.shard_offset, run.count, static_cast<long>(step + 1), adamw,
+                  specs[units->unit(u)[run.param]].decay);
+      }
+      units->model().zero_grad();
+      units->stepped();
+    } else {
+      model.adamw(static_cast<long>(step + 1), adamw);
+      // ZeRO-1: every rank's updated shard to every rank (queued after AdamW; the compute stream waits).
+      if (o.zero1) sync->gather_params(*params);
+      model.refresh_working_copy();
+      sync->zero_grad();
+    }
     WEFT_CHECK_CUDA(cudaStreamSynchronize(stream.get()));
     model.settle();
     // Summed as the CPU trainer sums them: each micro-batch's rows in order, the micro-batches,
