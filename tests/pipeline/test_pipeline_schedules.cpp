@@ -66,6 +66,21 @@ int peak_before_backward(const wp::schedule& s, int rank) {
   return peak;
 }
 
+// Calls f(spec) for every valid spec of every schedule kind with p stages from `first_stages`
+// to 6, 1-13 micro-batches and 1-3 virtual stages (a Catch2 INFO names it).
+template <class F>
+void for_small_specs(int first_stages, F&& f) {
+  for (schedule_kind kind : wp::all_schedule_kinds)
+    for (int p = first_stages; p <= 6; ++p)
+      for (int m = 1; m <= 13; ++m)
+        for (int v = 1; v <= 3; ++v) {
+          const wp::schedule_spec spec{.kind = kind, .stages = p, .micro_batches = m, .virtual_stages = v};
+          if (!wp::validate(spec).empty()) continue;
+          INFO(wp::to_string(kind) << " p=" << p << " m=" << m << " v=" << v);
+          f(spec);
+        }
+}
+
 }  // namespace
 
 TEST_CASE("schedule names and tags share one vocabulary", "[pipeline]") {
@@ -267,19 +282,10 @@ TEST_CASE("unpaired sends and receives and missing actions are reported", "[pipe
 }
 
 TEST_CASE("every generated schedule passes the verifier for small sizes", "[pipeline]") {
-  for (schedule_kind kind : wp::all_schedule_kinds) {
-    for (int p = 1; p <= 6; ++p) {
-      for (int m = 1; m <= 13; ++m) {
-        for (int v = 1; v <= 3; ++v) {
-          const wp::schedule_spec spec{.kind = kind, .stages = p, .micro_batches = m, .virtual_stages = v};
-          if (!wp::validate(spec).empty()) continue;
-          INFO(wp::to_string(kind) << " p=" << p << " m=" << m << " v=" << v);
-          const wp::verify_report r = wp::verify(wp::make_schedule(spec), {.forward = 2, .backward = 3, .weight = 1, .comm = 1});
-          CHECK(r.ok());
-        }
-      }
-    }
-  }
+  for_small_specs(1, [](const wp::schedule_spec& spec) {
+    const wp::verify_report r = wp::verify(wp::make_schedule(spec), {.forward = 2, .backward = 3, .weight = 1, .comm = 1});
+    CHECK(r.ok());
+  });
 }
 
 namespace {
@@ -313,29 +319,22 @@ int slots_by_intervals(const wp::schedule& s, int rank) {
 }  // namespace
 
 TEST_CASE("activation slots by micro-batch: the fewest with no two in-flight micro-batches in one slot", "[pipeline]") {
-  for (schedule_kind kind : wp::all_schedule_kinds) {
-    for (int p = 1; p <= 6; ++p) {
-      for (int m = 1; m <= 13; ++m) {
-        for (int v = 1; v <= 3; ++v) {
-          const wp::schedule_spec spec{.kind = kind, .stages = p, .micro_batches = m, .virtual_stages = v};
-          if (!wp::validate(spec).empty()) continue;
-          const wp::schedule s = wp::make_schedule(spec);
-          for (int stage = 0; stage < p; ++stage) {
-            INFO(wp::to_string(kind) << " p=" << p << " m=" << m << " v=" << v << " stage " << stage);
-            const int slots = wp::slots_by_micro_batch(s, stage);
-            CHECK(slots == slots_by_intervals(s, stage));
-            // The schedules' closed forms (schedules.hpp): GPipe holds every micro-batch, 1F1B
-            // p - s on stage s, ZB-H1 min(p, m) on every stage (its Ws in micro-batch order).
-            if (kind == schedule_kind::gpipe) CHECK(slots == m);
-            if (kind == schedule_kind::one_f_one_b) CHECK(slots == std::min(p - stage, m));
-            if (kind == schedule_kind::zb_h1) CHECK(slots == std::min(p, m));
-            // Never more than the pairs in flight at once (their micro-batches are consecutive).
-            CHECK(slots <= wp::verify(s).peak_in_flight[static_cast<std::size_t>(stage)]);
-          }
-        }
-      }
+  for_small_specs(1, [](const wp::schedule_spec& spec) {
+    const wp::schedule s = wp::make_schedule(spec);
+    const int p = spec.stages, m = spec.micro_batches;
+    for (int stage = 0; stage < p; ++stage) {
+      INFO("stage " << stage);
+      const int slots = wp::slots_by_micro_batch(s, stage);
+      CHECK(slots == slots_by_intervals(s, stage));
+      // The schedules' closed forms (schedules.hpp): GPipe holds every micro-batch, 1F1B
+      // p - s on stage s, ZB-H1 min(p, m) on every stage (its Ws in micro-batch order).
+      if (spec.kind == schedule_kind::gpipe) CHECK(slots == m);
+      if (spec.kind == schedule_kind::one_f_one_b) CHECK(slots == std::min(p - stage, m));
+      if (spec.kind == schedule_kind::zb_h1) CHECK(slots == std::min(p, m));
+      // Never more than the pairs in flight at once (their micro-batches are consecutive).
+      CHECK(slots <= wp::verify(s).peak_in_flight[static_cast<std::size_t>(stage)]);
     }
-  }
+  });
 }
 
 TEST_CASE("activation slots: micro-batches in flight out of order need more slots than the peak", "[pipeline]") {
@@ -373,33 +372,24 @@ TEST_CASE("rendezvous sends: the unbatched order deadlocks 1F1B, ZB-H1 and inter
           "[pipeline]") {
   using grouping = wp::detail::transfer_grouping;
   int separate_deadlocks = 0, checked = 0;
-  for (schedule_kind kind : wp::all_schedule_kinds) {
-    for (int p = 2; p <= 6; ++p) {
-      for (int m = 1; m <= 13; ++m) {
-        for (int v = 1; v <= 3; ++v) {
-          const wp::schedule_spec spec{.kind = kind, .stages = p, .micro_batches = m, .virtual_stages = v};
-          if (!wp::validate(spec).empty()) continue;
-          INFO(wp::to_string(kind) << " p=" << p << " m=" << m << " v=" << v);
-          const wp::schedule s = wp::make_schedule(spec);
-          const wp::transfer_report executor_order = wp::verify_transfers(s);  // grouping::timeline
-          CHECK(executor_order.problems.empty());
-          CHECK(executor_order.deadlock_free);
-          CHECK(executor_order.waits.empty());
-          CHECK(wp::verify(s).ok());  // what the executor checks before it sends anything
-          const wp::transfer_report separate = wp::verify_transfers(s, grouping::separate);
-          CHECK(separate.problems.empty());
-          const bool sends_face_each_other = kind != schedule_kind::gpipe && m >= 2;
-          CHECK(separate.deadlock_free == !sends_face_each_other);
-          if (!separate.deadlock_free) {
-            ++separate_deadlocks;
-            CHECK_FALSE(separate.waits.empty());
-          }
-          if (kind != schedule_kind::interleaved) CHECK(wp::verify_transfers(s, grouping::per_peer).deadlock_free);
-          ++checked;
-        }
-      }
+  for_small_specs(2, [&](const wp::schedule_spec& spec) {
+    const wp::schedule s = wp::make_schedule(spec);
+    const wp::transfer_report executor_order = wp::verify_transfers(s);  // grouping::timeline
+    CHECK(executor_order.problems.empty());
+    CHECK(executor_order.deadlock_free);
+    CHECK(executor_order.waits.empty());
+    CHECK(wp::verify(s).ok());  // what the executor checks before it sends anything
+    const wp::transfer_report separate = wp::verify_transfers(s, grouping::separate);
+    CHECK(separate.problems.empty());
+    const bool sends_face_each_other = spec.kind != schedule_kind::gpipe && spec.micro_batches >= 2;
+    CHECK(separate.deadlock_free == !sends_face_each_other);
+    if (!separate.deadlock_free) {
+      ++separate_deadlocks;
+      CHECK_FALSE(separate.waits.empty());
     }
-  }
+    if (spec.kind != schedule_kind::interleaved) CHECK(wp::verify_transfers(s, grouping::per_peer).deadlock_free);
+    ++checked;
+  });
   CHECK(separate_deadlocks > 100);
   CHECK(checked > separate_deadlocks);
   const wp::schedule interleaved = wp::make_schedule({.kind = schedule_kind::interleaved, .stages = 2, .micro_batches = 4, .virtual_stages = 2});
