@@ -28,7 +28,7 @@
 #     train_gpt_device.np2 (14 launches: CPU against GPU, dp2, tp2, tp2 + sp, cp2, pp2 1f1b and zb-h1, curves, refusals)  e 60 s
 #     train_gpt_device_bf16 (5 launches: first step and 50 steps, bf16 against fp32)  e 20 s
 #     train_gpt_device_resume (6 launches: 8 steps against 4 + resume + 4, fp32 and bf16)  e 25 s
-#     train_gpt_device_sharding.np2 (8 launches of 2 ranks: dp2 against +zero1, +zero2, +zero3, +hsdp)  e 40 s
+#     train_gpt_device_sharding.np2 (11 launches of 2 ranks: dp2 against +zero1, +zero2, +zero3, +hsdp; zero3 resumed)  e 55 s
 #     train_gpt_device_layouts.np2 (6 launches: tp2 + sp's and pp2's checkpoints, bf16 tp2 + sp and cp2)  e 26 s
 #     in all about 250 s one after another; in 4 slots, the np4 tests alone: e 125 s
 #   then alone (its deadline tests give connection setup 0.3 s):

@@ -65,16 +65,6 @@ inline std::optional<std::string> cuda_trainer_refusal(const options& o, const w
         return std::string("the trainer on the GPU does not take ") + flag +
                " with --zero1 (its optimizer state and reduced gradients are sharded over the dp ranks, and the "
                "checkpoint files and the gradient dump hold them whole): drop --zero1, or use --device cpu";
-  // ZeRO-2, ZeRO-3 and HSDP shard the parameters and moments too; their gradient dump is
-  // gathered from the shards, but the checkpoint files are not (yet) on the GPU.
-  if (o.sharding == weft::tune::sharding::gradients || o.sharding == weft::tune::sharding::full)
-    for (const auto& [given, flag] :
-         std::vector<std::pair<bool, const char*>>{{o.save.has_value(), "--save"}, {o.resume.has_value(), "--resume"}})
-      if (given)
-        return std::string("the trainer on the GPU does not take ") + flag + " with --sharding " +
-               (o.sharding == weft::tune::sharding::gradients ? "zero2" : o.hybrid ? "hsdp" : "zero3") +
-               " (its parameters and optimizer state are sharded over the dp x cp ranks, and the checkpoint files "
-               "hold them whole): use --sharding none, or --device cpu";
   const std::vector<std::pair<bool, const char*>> cpu_only = {
       {o.save_dir.has_value(), "--save-dir"}, {o.init_from.has_value(), "--init-from"},
       {o.val_data.has_value(), "--val-data"}, {o.trace.has_value(), "--trace"},

@@ -42,7 +42,9 @@ sharding: dp 2 with --zero1 (AdamW on each rank's shard of the reduce-scattered 
   shards gathered) in fp32 and in bf16, and with the sharded units of --sharding zero2, zero3 (and
   zero3 in bf16) and hsdp with --ranks-per-node 1 (shard groups of one rank, the gradients
   all-reduced across the two replicas), each against plain dp 2 for 10 steps: the same printed
-  losses to the last digit. With two ranks a reduce-scatter and an all-reduce add the same two
+  losses to the last digit, and (but ZeRO-1's, refused on the GPU) --save files byte-equal to plain
+  dp 2's (the shards and their moments gathered into whole tensors); then ZeRO-3 as dp 2 resumed
+  as `resume` below does it (fp32). With two ranks a reduce-scatter and an all-reduce add the same two
   numbers, each rank runs one micro-batch a step (so the units reduce what the synchronizer
   reduces), and AdamW is elementwise, so the weights stay bit-equal; a shard left ungathered, a
   moment applied to the wrong run, a unit bound to another's parameters, the output layer's
@@ -124,12 +126,12 @@ def check_bf16(one, tmp, failures):
                         str([(a, b) for a, b in zip(curves["bf16"], curves["bf16 again"]) if a != b][:3]))
 
 
-def check_resume(one, tmp, failures):
+def check_resume(one, tmp, failures, precisions=("fp32", "bf16"), label=""):
     n = 4
-    for precision in ("fp32", "bf16"):
+    for precision in precisions:
         flags = MODEL + ["--precision", precision]
-        whole = os.path.join(tmp, precision + "_whole.safetensors")
-        split = os.path.join(tmp, precision + "_split.safetensors")
+        whole = os.path.join(tmp, label + precision + "_whole.safetensors")
+        split = os.path.join(tmp, label + precision + "_split.safetensors")
         straight = losses(run(one + flags + ["--steps", str(2 * n), "--save", whole]))
         first = losses(run(one + flags + ["--steps", str(n), "--save", split]))
         text = run(one + flags + ["--steps", str(2 * n), "--resume", split, "--save", split])
@@ -139,7 +141,7 @@ def check_resume(one, tmp, failures):
         if first != straight[:n] or second != straight[n:]:
             failures.append(f"{precision}: {2 * n} steps printed {straight}, {n} + resume + {n} printed {first + second}")
         same = [filecmp.cmp(a, b, shallow=False) for a, b in ((whole, split), (whole + ".optimizer", split + ".optimizer"))]
-        print(f"resume ({precision}): {n} + {n} steps against {2 * n}: losses {'equal' if second == straight[n:] else 'differ'}, "
+        print(f"resume ({label}{precision}): {n} + {n} steps against {2 * n}: losses {'equal' if second == straight[n:] else 'differ'}, "
               f"weights {'byte-equal' if same[0] else 'differ'}, optimizer state {'byte-equal' if same[1] else 'differs'}")
         if not all(same):
             a, b = floats(whole), floats(split)
@@ -148,22 +150,31 @@ def check_resume(one, tmp, failures):
                             f"{differing[:5] or 'in their metadata'} (weights {same[0]}, optimizer state {same[1]})")
 
 
-def check_sharding(two, failures):
+def check_sharding(two, tmp, failures):
     levels = {"fp32": (("zero1", ["--zero1"]), ("zero2", ["--sharding", "zero2"]), ("zero3", ["--sharding", "zero3"]),
                        ("hsdp", ["--sharding", "hsdp", "--ranks-per-node", "1"])),
               "bf16": (("zero1", ["--zero1"]), ("zero3", ["--sharding", "zero3"]))}
     for precision, runs in levels.items():
         flags = MODEL + ["--precision", precision, "--dp", "2", "--steps", "10"]
-        a = losses(run(two + flags))
+        plain = os.path.join(tmp, precision + "_dp2.safetensors")
+        a = losses(run(two + flags + ["--save", plain]))
         for level, extra in runs:
-            sharded = run(two + flags + extra)
+            # ZeRO-2, ZeRO-3 and HSDP save their shards gathered into whole tensors: the same files.
+            saved = os.path.join(tmp, f"{precision}_{level}.safetensors") if level != "zero1" else None
+            sharded = run(two + flags + extra + (["--save", saved] if saved else []))
             if f"+{level}," not in sharded:
                 failures.append(f"{precision}: {' '.join(extra)} did not say +{level} in its header:\n" + sharded[-2000:])
             b = losses(sharded)
+            same = [filecmp.cmp(plain + suffix, saved + suffix, shallow=False) for suffix in ("", ".optimizer")] if saved else []
             print(f"{level} ({precision}): dp2 {a[-1:]} dp2 +{level} {b[-1:]}, {'equal' if a == b else 'different'} "
-                  f"over {len(a)} steps")
+                  f"over {len(a)} steps" + (f"; checkpoint {'byte-equal' if all(same) else 'differs'}" if saved else ""))
             if len(a) != 10 or a != b:
                 failures.append(f"{precision}: dp2 printed {a}, dp2 with {' '.join(extra)} {b}")
+            if saved and not all(same):
+                failures.append(f"{precision}: the checkpoint of dp2 with {' '.join(extra)} is not dp2's "
+                                f"(weights equal: {same[0]}, optimizer state equal: {same[1]})")
+    # A ZeRO-3 run resumed from its own checkpoint continues bit for bit.
+    check_resume(two + ["--dp", "2", "--sharding", "zero3"], tmp, failures, precisions=("fp32",), label="zero3 dp2 ")
 
 
 def relative_errors(reference, other):
@@ -224,7 +235,7 @@ def main():
         elif mode == "resume":
             check_resume(one, tmp, failures)
         elif mode == "sharding":
-            check_sharding(two, failures)
+            check_sharding(two, tmp, failures)
         elif mode == "layouts":
             check_layouts(one, two, tmp, failures)
         else:

@@ -73,6 +73,9 @@ struct model_groups {
   nccl_comm* model = nullptr;      ///< tp x pp: the ranks holding one replica (whole tensors are summed over it)
 };
 
+/// The three states a checkpoint holds.
+enum class checkpoint_state { params, exp_avg, exp_avg_sq };
+
 struct cuda_free {
   void operator()(void* p) const noexcept { cudaFree(p); }
 };
@@ -314,17 +317,22 @@ class one_gpu_model {
   /// The three states a checkpoint holds, each as whole tensors (checkpoint order: the padded
   /// vocabulary rows left out), and back. Not with ZeRO-1 (each rank holds a shard of the moments).
   /// whole_state is collective over tp x pp (the slices and stages summed into whole tensors).
-  enum class state { params, exp_avg, exp_avg_sq };
+  using state = checkpoint_state;
   std::vector<float> whole_state(const whole_index& index, state which) {
     return whole_of(index, [&](std::size_t i) -> const float* { return of(which) + offsets_[i]; });
   }
   void load_whole_state(state which, const std::function<std::span<const float>(const std::string&)>& lookup) {
+    upload(of(which), local_of_whole(lookup));
+    if (which == state::params) refresh_working_copy();
+  }
+  /// This rank's local elements of whole tensors (`lookup(name)`), on the host in the storage's
+  /// layout (offset; with units, the packed form sharded_units::load_packed takes).
+  std::vector<float> local_of_whole(const std::function<std::span<const float>(const std::string&)>& lookup) const {
     std::vector<float> host(total_, 0.0f);  // the padding zero
     for (std::size_t i = 0; i < specs_.size(); ++i)
       cut_local(specs_[i], place_.tp_rank, place_.tp, lookup(specs_[i].name),
                 std::span<float>(host).subspan(offsets_[i], specs_[i].local_elements));
-    upload(of(which), host);
-    if (which == state::params) refresh_working_copy();
+    return host;
   }
 
   /// Forward and backward of one micro-batch without pipeline stages (`tokens` and `labels`: its
@@ -897,18 +905,23 @@ struct stream_deleter {
   void operator()(cudaStream_t s) const noexcept { cudaStreamDestroy(s); }
 };
 
+/// A checkpoint's states as whole tensors in checkpoint order, and the writing back of each from
+/// whole tensors by name: the model's buffers, or with units the shards (see train()).
+using whole_state_of = std::function<std::vector<float>(checkpoint_state)>;
+using whole_lookup = std::function<std::span<const float>(const std::string&)>;
+using load_state_of = std::function<void(checkpoint_state, const whole_lookup&)>;
+
 /// The checkpoint files of --save (the CPU trainer's: whole tensors, the optimizer state beside
 /// them with the step and the data position), from rank 0; the states are copied off the GPU
 /// after the step's last kernel, so the file holds exactly what the next step starts from.
-template <class T>
-void save_checkpoint(one_gpu_model<T>& model, const options& o, const gpt_config& m, const run_layout& r,
-                     const whole_index& index, const corpus& data, std::int64_t step, std::int64_t sequence,
-                     bool writer) {
-  using state = typename one_gpu_model<T>::state;
-  // Collective over tp: every rank of the tp group gathers; the writer alone writes.
-  std::vector<float> params = model.whole_state(index, state::params);
-  std::vector<float> exp_avg = model.whole_state(index, state::exp_avg);
-  std::vector<float> exp_avg_sq = model.whole_state(index, state::exp_avg_sq);
+inline void save_checkpoint(const whole_state_of& whole, const options& o, const gpt_config& m, const run_layout& r,
+                            const whole_index& index, const corpus& data, std::int64_t step, std::int64_t sequence,
+                            bool writer) {
+  using state = checkpoint_state;
+  // Collective (over tp x pp, and with units over dp x cp); the writer alone writes.
+  std::vector<float> params = whole(state::params);
+  std::vector<float> exp_avg = whole(state::exp_avg);
+  std::vector<float> exp_avg_sq = whole(state::exp_avg_sq);
   if (!writer) return;
   weft::checkpoint::checkpoint_file weights{config_metadata(m), whole_records(index, params)};
   weft::checkpoint::checkpoint_file optimizer;
@@ -932,11 +945,10 @@ void save_checkpoint(one_gpu_model<T>& model, const options& o, const gpt_config
 /// --resume FILE: the weights, both AdamW moments and the step and data position, checked as the
 /// CPU trainer checks them (every rank reads the files alike, so every rank fails alike). Returns
 /// the step to continue from and the data sequence it starts at.
-template <class T>
-std::pair<std::int64_t, std::int64_t> resume_checkpoint(one_gpu_model<T>& model, const options& o, const run_layout& r,
-                                                        const whole_index& index) {
+inline std::pair<std::int64_t, std::int64_t> resume_checkpoint(const load_state_of& load, const options& o,
+                                                               const run_layout& r, const whole_index& index) {
   using weft_programs::input_error;
-  using state = typename one_gpu_model<T>::state;
+  using state = checkpoint_state;
   const std::string& path = *o.resume;
   std::error_code error;
   if (std::filesystem::is_directory(path, error))
@@ -963,7 +975,7 @@ std::pair<std::int64_t, std::int64_t> resume_checkpoint(one_gpu_model<T>& model,
        {std::tuple{state::params, &weights, ""}, std::tuple{state::exp_avg, &optimizer, "exp_avg."},
         std::tuple{state::exp_avg_sq, &optimizer, "exp_avg_sq."}}) {
     std::map<std::string, std::vector<float>> values;
-    model.load_whole_state(which, [&, f = file, p = std::string(prefix)](const std::string& name) {
+    load(which, [&, f = file, p = std::string(prefix)](const std::string& name) {
       auto& v = values[name];
       if (v.empty()) v = weft::checkpoint::values_of<float>(f->at(p + name));
       return std::span<const float>(v);
@@ -1118,10 +1130,32 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
     });
   }
   const whole_index index(m);
+  // A checkpoint's states: whole tensors from the model's buffers (collective over tp x pp), or
+  // with units from the shards (gathered over dp x cp by every rank, then as the buffers' by
+  // rank 0's tp x pp group); read back into the buffers, or cut into the shards.
+  const bool gathers = coords.dp == 0 && coords.cp == 0;
+  auto unit_state = [&](checkpoint_state which, std::size_t u) {
+    const std::size_t count = units->model().shard_params_view(u).size();
+    return which == checkpoint_state::params    ? units->model().shard_params(u)
+           : which == checkpoint_state::exp_avg ? std::span<float>(unit_m1[u].get(), count)
+                                                : std::span<float>(unit_m2[u].get(), count);
+  };
+  const whole_state_of whole_state = [&](checkpoint_state which) -> std::vector<float> {
+    if (!units) return model.whole_state(index, which);
+    const std::vector<float> packed = units->packed([&](std::size_t u) {
+      if (which == checkpoint_state::params) return units->model().shard_params_view(u);
+      return std::span<const float>(unit_state(which, u));
+    });
+    return gathers ? model.whole_from_local(index, packed) : std::vector<float>{};
+  };
+  const load_state_of load_state = [&](checkpoint_state which, const whole_lookup& lookup) {
+    if (!units) return model.load_whole_state(which, lookup);
+    units->load_packed(model.local_of_whole(lookup), [&](std::size_t u) { return unit_state(which, u); });
+  };
   // Where the run starts: step 0 and the first sequence, or the checkpoint's step and position.
   std::int64_t first_step = 0, first_sequence = 0;
   if (o.resume) {
-    std::tie(first_step, first_sequence) = resume_checkpoint(model, o, r, index);
+    std::tie(first_step, first_sequence) = resume_checkpoint(load_state, o, r, index);
     if (rank == 0) std::printf("resumed from %s at step %lld\n", o.resume->c_str(), static_cast<long long>(first_step));
   } else if (units) {
     const std::vector<float> initial = model.initial_values(o.seed);
@@ -1225,7 +1259,6 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
     std::optional<weft::checkpoint::checkpoint_file> dump;
     // Gathered by rank 0's tp x pp group (a collective over it; every dp and cp rank holds the
     // same), written by rank 0.
-    const bool gathers = coords.dp == 0 && coords.cp == 0;
     std::vector<float> dumped_gradients;
     if (o.dump_grads && units) {
       // The reduced gradient shards gathered over dp x cp (every rank of it), then as above.
@@ -1296,9 +1329,10 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
     }
     const bool last = step + 1 == o.steps;
     // Every dp and cp rank holds the same weights and moments: rank 0's tp x pp group's are the
-    // checkpoint (gathered from its slices and stages; rank 0 writes).
-    if (o.save && gathers && (last || (o.save_every > 0 && (step + 1) % o.save_every == 0)))
-      save_checkpoint(model, o, m, r, index, data, step + 1, position(step + 1).sequence, rank == 0);
+    // checkpoint (gathered from its slices and stages; rank 0 writes). With units every rank
+    // gathers its shards first.
+    if (o.save && (gathers || units) && (last || (o.save_every > 0 && (step + 1) % o.save_every == 0)))
+      save_checkpoint(whole_state, o, m, r, index, data, step + 1, position(step + 1).sequence, rank == 0);
     const double step_s = std::chrono::duration<double>(clock::now() - t0).count();
     step_times.push_back(step_s);
     if (step == first_step) first_loss = loss;
