@@ -25,7 +25,7 @@
 #     test_fsdp_nccl_gpu np1, np2, np4 (two-second held streams, several cases)   e 45 s
 #     docs.snippet_data_parallel_nccl np1, np2                                  e 5 s
 #     test_train_gpt_cuda (every CUDA operation against the CPU's, bf16 against fp32)  e 15 s
-#     train_gpt_device.np2 (14 launches: CPU against GPU, dp2, tp2, tp2 + sp, cp2, pp2 1f1b and zb-h1, curves, refusals)  e 60 s
+#     train_gpt_device.np2 (16 launches: CPU against GPU, dp2, tp2, tp2 + sp, cp2, pp2 1f1b and zb-h1, zero3 dp2 and tp2 + sp, curves, refusals)  e 70 s
 #     train_gpt_device_bf16 (5 launches: first step and 50 steps, bf16 against fp32)  e 20 s
 #     train_gpt_device_resume (6 launches: 8 steps against 4 + resume + 4, fp32 and bf16)  e 25 s
 #     train_gpt_device_sharding.np2 (11 launches of 2 ranks: dp2 against +zero1, +zero2, +zero3, +hsdp; zero3 resumed)  e 55 s

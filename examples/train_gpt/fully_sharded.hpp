@@ -48,7 +48,7 @@ class fully_sharded {
   void attach(gpt_model<B>& model) {
     model_view_ = &model;
     model.on_scope([this](int group, scope_event e) {
-      units_.on_scope(group, e, [this](std::span<float> grad) { tp_.all_reduce(grad); });
+      units_.on_scope(group, e, [this](std::size_t, std::span<float> grad) { tp_.all_reduce(grad); });
     });
   }
 

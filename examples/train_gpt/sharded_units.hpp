@@ -214,10 +214,11 @@ class sharded_units {
 
   /// The model's parameter groups as units: a unit of blocks opens with its first block in
   /// forward (its last in backward) and closes with its last (first); the root's scope opens with
-  /// the embeddings (forward) or the head (backward) and closes with the other end. `sum_over_tp`
-  /// adds a replicated parameter's gradient over tp in place (sequence parallelism: each tp rank
-  /// computed it from its rows), before the unit's reduction.
-  void on_scope(int group, scope_event e, const std::function<void(std::span<float>)>& sum_over_tp) {
+  /// the embeddings (forward) or the head (backward) and closes with the other end. With sequence
+  /// parallelism, `sum_over_tp(i, grad)` is called for each replicated parameter i (rank_parameters
+  /// order) of a unit whose backward ends, before its reduction: the model sums over tp in place
+  /// what each tp rank computed from its rows alone (which parameters those are is the model's).
+  void on_scope(int group, scope_event e, const std::function<void(std::size_t, std::span<float>)>& sum_over_tp) {
     const bool root_group = group < 0;
     const bool embedding = group == embedding_group;
     const std::size_t u = root_group ? 0 : unit_of(group);
@@ -246,7 +247,7 @@ class sharded_units {
         if (s_.sequence_parallel)
           for (std::size_t j = 0; j < units_[u].size(); ++j)
             if (specs_[units_[u][j]].split == tp_split::replicated && !moe_param(specs_[units_[u][j]]))
-              sum_over_tp(model_->grad(u, j));
+              sum_over_tp(units_[u][j], model_->grad(u, j));
         model_->end_backward(u);
         if (u == 0) ready_ = model_->finish();  // the root closes the micro-batch
         break;

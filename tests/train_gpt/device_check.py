@@ -12,8 +12,10 @@
    over tp, all-gathered and reduce-scattered around them), as cp 2 (each rank 2 chunks of every
    sequence, ring attention over NCCL) and as pp 2 under 1f1b (the pipeline executor's transfers on
    NCCL, the tied embedding's two copies summed) and under zb-h1 (the layers' weight gradients in
-   the executor's weight passes, from the output gradients each slot keeps), and as dp 2 under
-   ZeRO-3 (the sharded units on the device, the dump gathered from the gradient shards): the loss within 1e-5 relative, each gradient within 1e-3 of
+   the executor's weight passes, from the output gradients each slot keeps), as dp 2 under ZeRO-3
+   (the sharded units on the device, the dump gathered from the gradient shards) and as tp 2 with
+   sequence parallelism under ZeRO-3 (the units' gradients summed over tp where each rank computed
+   them from its rows, wpe's not): the loss within 1e-5 relative, each gradient within 1e-3 of
    its largest element (the products and sums run in other orders, GELU and the loss use the GPU's
    exp; a wrong term or index is off by the gradient's own size);
 2. 20 steps on each: every loss within 2e-4 relative of the CPU's (AdamW compounds the first
@@ -94,7 +96,9 @@ def main():
                               ("cuda cp2", two + ["--device", "cuda", "--cp", "2"]),
                               ("cuda pp2", two + ["--device", "cuda", "--pp", "2"]),
                               ("cuda pp2 zb-h1", two + ["--device", "cuda", "--pp", "2", "--schedule", "zb-h1"]),
-                              ("cuda dp2 zero3", two + ["--device", "cuda", "--dp", "2", "--sharding", "zero3"])):
+                              ("cuda dp2 zero3", two + ["--device", "cuda", "--dp", "2", "--sharding", "zero3"]),
+                              ("cuda tp2 sp zero3", two + ["--device", "cuda", "--tp", "2", "--sequence-parallel",
+                                                           "--sharding", "zero3"])):
             path = os.path.join(tmp, what.replace(" ", "_") + ".safetensors")
             out = run(command + MODEL + ["--steps", "1", "--dump-grads", path, "--quiet"])
             if what != "cpu" and "GPU(s) in fp32" not in out:
@@ -108,6 +112,7 @@ def main():
         compare(dumps["cpu"], dumps["cuda pp2"], "cuda pp2", failures)
         compare(dumps["cpu"], dumps["cuda pp2 zb-h1"], "cuda pp2 zb-h1", failures)
         compare(dumps["cpu"], dumps["cuda dp2 zero3"], "cuda dp2 zero3", failures)
+        compare(dumps["cpu"], dumps["cuda tp2 sp zero3"], "cuda tp2 sp zero3", failures)
 
         curves = {}
         for device, tag in (("cpu", "cpu"), ("cuda", "cuda"), ("cuda", "cuda again")):

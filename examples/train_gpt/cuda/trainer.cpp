@@ -310,9 +310,12 @@ class one_gpu_model {
   }
   /// Parameter i's gradient buffer, valid while its unit's backward scope is open.
   void bind_grad(std::size_t i, std::span<float> grad_buffer) { storage_.grad.at(i) = grad_buffer.data(); }
-  /// In place on the compute stream, the sum over tp of a gradient (sequence parallelism's
-  /// replicated parameters, before their unit's reduction); waited for in settle().
-  void sum_gradient_over_tp(std::span<float> g) { sum_over_tp(g.data(), g.size()); }
+  /// In place on the compute stream, parameter i's gradient (`g`, its unit's buffer) summed over tp
+  /// when this rank computed it from its rows alone (partial_over_tp), before the unit's
+  /// reduction; waited for in settle().
+  void sum_gradient_over_tp(std::size_t i, std::span<float> g) {
+    if (partial_over_tp(i)) sum_over_tp(g.data(), g.size());
+  }
 
   /// The three states a checkpoint holds, each as whole tensors (checkpoint order: the padded
   /// vocabulary rows left out), and back. Not with ZeRO-1 (each rank holds a shard of the moments).
@@ -447,10 +450,14 @@ class one_gpu_model {
   /// split rows (the norms, the c_proj biases) from its rows alone; their sums over tp, once a
   /// step (after the last micro-batch, before the dp reduction reads them). wpe's is whole already.
   void sum_row_split_gradients() {
-    if (!sp_) return;
     for (std::size_t i = 0; i < specs_.size(); ++i)
-      if (specs_[i].split == tp_split::replicated && specs_[i].role != param_role::wpe)
-        sum_over_tp(storage_.grad[i], specs_[i].local_elements);
+      if (partial_over_tp(i)) sum_over_tp(storage_.grad[i], specs_[i].local_elements);
+  }
+  /// Whether parameter i's gradient on this rank is a partial sum over tp: with sequence
+  /// parallelism, what tp replicates inside the split rows; not wpe's, which backward computes
+  /// from every row (gathered) on every rank.
+  bool partial_over_tp(std::size_t i) const {
+    return sp_ && specs_[i].split == tp_split::replicated && specs_[i].role != param_role::wpe;
   }
 
   /// AdamW over this rank's runs of the parameters (cpu_kernels::adamw's arithmetic, bit for bit,
@@ -1126,7 +1133,7 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
   if (units) {
     bound = &model;
     model.on_scope([&](int group, scope_event e) {
-      units->on_scope(group, e, [&](std::span<float> g) { model.sum_gradient_over_tp(g); });
+      units->on_scope(group, e, [&](std::size_t i, std::span<float> g) { model.sum_gradient_over_tp(i, g); });
     });
   }
   const whole_index index(m);
