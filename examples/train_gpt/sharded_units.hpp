@@ -33,6 +33,7 @@
 #include <weft/fsdp/unit_sizing.hpp>
 #include <weft/fsdp/whole_tensor.hpp>
 #include <weft/layout/layout.hpp>
+#include <weft/layout/node_placement.hpp>
 #include <weft/tune/layout.hpp>
 
 #include "parameters.hpp"
@@ -65,6 +66,30 @@ inline std::optional<std::string> hybrid_shard_problem(const weft::layout::rank_
                "--ranks-per-node a divisor of dp x cp";
   }
   return std::nullopt;
+}
+
+/// HSDP's node of every world rank: blocks of `ranks_per_node` consecutive ranks (nodes simulated
+/// on one host), or with 0 where the launcher put each rank as MPI confirms it (`launch_node`:
+/// this rank's, weft::resolve_launch_with_mpi().node), gathered over `world`, which follows any
+/// placement (`srun -m cyclic` deals ranks to nodes in turn). Collective over `world` with 0.
+template <weft::backend B>
+std::vector<int> node_of_ranks(weft::communicator<B>& world, int ranks_per_node, int launch_node) {
+  std::vector<int> nodes(static_cast<std::size_t>(world.size()));
+  if (ranks_per_node > 0) {
+    for (int rank = 0; rank < world.size(); ++rank)
+      nodes[static_cast<std::size_t>(rank)] = weft::layout::node_of(rank, ranks_per_node);
+    return nodes;
+  }
+  const std::int64_t mine = launch_node;
+  std::vector<std::int64_t> all(nodes.size());
+  world.host_all_gather(std::span<const std::int64_t>(&mine, 1), all);
+  std::copy(all.begin(), all.end(), nodes.begin());
+  return nodes;
+}
+
+/// Where the --ranks-per-node nodes come from, for hybrid_shard_problem's message.
+inline std::string node_source(int ranks_per_node) {
+  return ranks_per_node > 0 ? std::to_string(ranks_per_node) + " ranks per node" : "the nodes the launcher put the ranks on";
 }
 
 template <weft::backend B>

@@ -260,10 +260,10 @@ class trainer {
     if (runs_fully_sharded(r_.choice.sharding_mode)) {
       std::vector<int> nodes;  // HSDP: each world rank's node
       if (o_.hybrid) {
-        nodes = node_of_ranks();
-        const std::string source = o_.ranks_per_node > 0 ? std::to_string(o_.ranks_per_node) + " ranks per node"
-                                                         : "the nodes the launcher put the ranks on";
-        if (auto problem = hybrid_shard_problem(weft::layout::rank_layout(r.degrees()), nodes, source))
+        nodes = node_of_ranks(world_, o_.ranks_per_node,
+                              o_.ranks_per_node > 0 ? 0 : weft::resolve_launch_with_mpi().node);
+        if (auto problem =
+                hybrid_shard_problem(weft::layout::rank_layout(r.degrees()), nodes, node_source(o_.ranks_per_node)))
           throw input_error(*problem);
       }
       fsdp_ = std::make_unique<fully_sharded<B>>(
@@ -920,21 +920,6 @@ class trainer {
     std::size_t elements = m1_.size() + m2_.size();
     for (const reduced_part& part : parts_) elements += part.params->all().size() + part.sync->grads().all().size();
     return elements * sizeof(float);
-  }
-
-  /// HSDP's nodes, world rank by world rank: blocks of --ranks-per-node ranks (nodes simulated on
-  /// one host), or where the launcher put each rank as MPI confirms it (collective), which follows
-  /// any placement: `srun -m cyclic` deals ranks to nodes in turn.
-  std::vector<int> node_of_ranks() {
-    std::vector<int> nodes(static_cast<std::size_t>(world_.size()));
-    if (o_.ranks_per_node > 0) {
-      for (int rank = 0; rank < world_.size(); ++rank)
-        nodes[static_cast<std::size_t>(rank)] = weft::layout::node_of(rank, o_.ranks_per_node);
-      return nodes;
-    }
-    const int mine = weft::resolve_launch_with_mpi().node;
-    world_.all_gather(std::span<const int>(&mine, 1), nodes);
-    return nodes;
   }
 
   double learning_rate(std::int64_t step) const {

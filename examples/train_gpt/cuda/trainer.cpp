@@ -1045,16 +1045,11 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
     if (o.hybrid) {
       // HSDP's nodes, world rank by world rank (as the CPU trainer finds them): blocks of
       // --ranks-per-node ranks, or the launcher's nodes; checked before any group is split.
-      const std::int64_t mine =
-          o.ranks_per_node > 0 ? weft::layout::node_of(rank, o.ranks_per_node) : weft::resolve_launch_with_mpi().node;
-      std::vector<std::int64_t> all(static_cast<std::size_t>(world.size()));
-      world.host_all_gather(std::span<const std::int64_t>(&mine, 1), all);
-      const std::vector<int> nodes(all.begin(), all.end());
-      const std::string source = o.ranks_per_node > 0 ? std::to_string(o.ranks_per_node) + " ranks per node"
-                                                      : "the nodes the launcher put the ranks on";
-      if (auto problem = hybrid_shard_problem(weft::layout::rank_layout(d), nodes, source))
+      const std::vector<int> nodes = node_of_ranks(
+          world, o.ranks_per_node, o.ranks_per_node > 0 ? 0 : weft::resolve_launch_with_mpi().node);
+      if (auto problem = hybrid_shard_problem(weft::layout::rank_layout(d), nodes, node_source(o.ranks_per_node)))
         throw weft_programs::input_error(*problem);
-      node = static_cast<int>(mine);
+      node = nodes[static_cast<std::size_t>(rank)];
     }
     units.emplace(dp, tp, specs,
                   sharded_units<weft::nccl_backend>::settings{.level = r.choice.sharding_mode,
