@@ -26,6 +26,7 @@
 #     docs.snippet_data_parallel_nccl np1, np2                                  e 5 s
 #     test_train_gpt_cuda (every CUDA operation against the CPU's, bf16 against fp32)  e 15 s
 #     train_gpt_device.np2 (16 launches: CPU against GPU, dp2, tp2, tp2 + sp, cp2, pp2 1f1b and zb-h1, zero3 dp2 and tp2 + sp, curves, refusals)  e 70 s
+#     train_gpt_device.np4 (3 launches: CPU against GPU as dp2 x tp2, and dp2 x tp2 + sp under zero3)  e 20 s
 #     train_gpt_device_bf16 (5 launches: first step and 50 steps, bf16 against fp32)  e 20 s
 #     train_gpt_device_resume (6 launches: 8 steps against 4 + resume + 4, fp32 and bf16)  e 25 s
 #     train_gpt_device_sharding.np2 (11 launches of 2 ranks: dp2 against +zero1, +zero2, +zero3, +hsdp; zero3 resumed)  e 55 s
@@ -162,7 +163,7 @@ grep -h '^gpu kernel:' "${last_logs[@]}" 2>/dev/null | head -60 || true
 # train_gpt on the GPU: against the CPU trainer (tests/train_gpt/device_check.py), bf16 against
 # fp32 and resume (device_runs_check.py), and GPT-2 small's tokens/s and MFU (bench/gpu_train).
 grep -hE '^(first-step loss|gradients|20 steps|bf16 first-step loss|bf16 gradients|bf16 50 steps|resume|zero1|zero2|zero3|hsdp|gpu train)[ :(]' \
-  "${last_logs[@]}" 2>/dev/null | head -40 || true
+  "${last_logs[@]}" 2>/dev/null | head -50 || true
 grep -E 'tests passed|tests failed' "$log" || true
 if [ "$status" -eq 124 ]; then
   echo "gpu-check: FAILED: the tests ran past the budget (${budget} s in all)"

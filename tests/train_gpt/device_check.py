@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """train_gpt on GPUs (--device cuda, fp32) against the CPU trainer (needs a GPU: label gpu).
 
-  device_check.py [--rank-wrapper SCRIPT] TRAIN_GPT LAUNCH...
+  device_check.py [--rank-wrapper SCRIPT] [--four] TRAIN_GPT LAUNCH...
 
 1. the first step's loss and every gradient (--dump-grads) of --device cuda against --device cpu on
    the same weights and tokens (one CPU rank), two micro-batches of two sequences: on one GPU
@@ -23,7 +23,11 @@
 3. two GPU runs print the same 20 losses to the last digit (every kernel is deterministic);
 4. the GPU's refusals name what to do: mixture of experts, --precision bf16 on a hidden size of 60, --save-dir.
 
---rank-wrapper runs each rank of the two-rank runs through SCRIPT (tests/nccl/per_rank_hostid.sh,
+--four: item 1 alone on four ranks instead, as dp 2 x tp 2 (the synchronizer over dp, the sums
+over tp, both on NCCL) and as dp 2 x tp 2 with sequence parallelism under ZeRO-3 (the units
+sharded over dp, their tp sums), against the same one-rank CPU run.
+
+--rank-wrapper runs each rank of the multi-rank runs through SCRIPT (tests/nccl/per_rank_hostid.sh,
 where the ranks share one GPU).
 """
 import os
@@ -78,15 +82,43 @@ def compare(cpu, gpu, what, failures):
     print(f"gradients ({what}): {len(cpu) - 1} tensors, worst error {worst:.1e} of the tensor's largest element")
 
 
+def check_four(one, four):
+    """Item 1 on four ranks: dp 2 x tp 2, and dp 2 x tp 2 + sp under ZeRO-3, against one CPU rank."""
+    failures = []
+    with tempfile.TemporaryDirectory() as tmp:
+        dumps = {}
+        for what, command in (("cpu", one + ["--device", "cpu"]),
+                              ("cuda dp2 tp2", four + ["--device", "cuda", "--dp", "2", "--tp", "2"]),
+                              ("cuda dp2 tp2 sp zero3", four + ["--device", "cuda", "--dp", "2", "--tp", "2",
+                                                                "--sequence-parallel", "--sharding", "zero3"])):
+            path = os.path.join(tmp, what.replace(" ", "_") + ".safetensors")
+            out = run(command + MODEL + ["--steps", "1", "--dump-grads", path, "--quiet"])
+            if what != "cpu" and "GPU(s) in fp32" not in out:
+                failures.append(f"{what}: --device cuda did not say it trains on GPUs:\n" + out[-2000:])
+            dumps[what] = floats(path)
+        for what in ("cuda dp2 tp2", "cuda dp2 tp2 sp zero3"):
+            compare(dumps["cpu"], dumps[what], what, failures)
+    if failures:
+        print("device_check: FAILED:\n" + "\n".join(failures))
+        return 1
+    print("device_check: the GPU trainer on four ranks agrees with the CPU trainer")
+    return 0
+
+
 def main():
     args = sys.argv[1:]
     wrapper = []
     if args[:1] == ["--rank-wrapper"]:
         wrapper, args = [args[1]], args[2:]
+    four = args[:1] == ["--four"]
+    if four:
+        args = args[1:]
     train_gpt, launch = args[0], args[1:]
     one = launch + ["-n", "1", train_gpt]
     two = launch + ["-n", "2"] + wrapper + [train_gpt]
     failures = []
+    if four:
+        return check_four(one, launch + ["-n", "4"] + wrapper + [train_gpt])
     with tempfile.TemporaryDirectory() as tmp:
         dumps = {}
         for what, command in (("cpu", one + ["--device", "cpu"]), ("cuda", one + ["--device", "cuda"]),
