@@ -45,6 +45,30 @@ def fail(message, output=""):
     sys.exit(1)
 
 
+def shared_memory_report():
+    """Open MPI's shared-memory segments in /dev/shm (name, size, age) and the processes that map
+    them: what to read when a job dies in its shared-memory set-up (a rank attaching to a peer's
+    segment found no file: once in a series of full runs, multinode_doctor_3hosts)."""
+    lines = []
+    for path in sorted(glob.glob(os.path.join(private_cluster.SHM_DIR, "vader_segment.*"))):
+        try:
+            st = os.stat(path)
+            lines.append(f"  {path} {st.st_size} bytes, modified {time.time() - st.st_mtime:.1f} s ago")
+        except OSError as e:
+            lines.append(f"  {path}: {e.strerror}")
+    users = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/maps") as maps:
+                for line in maps:
+                    if "vader_segment" in line:
+                        users.setdefault(line.split(None, 5)[5].strip(), set()).add(int(entry))
+        except OSError:
+            continue
+    lines += [f"  {path} mapped by {sorted(pids)}" for path, pids in sorted(users.items())]
+    return "shared-memory segments now:\n" + ("\n".join(lines) if lines else "  none")
+
+
 def run(cluster, command, limit=120, env=None):
     """COMMAND on n1 of the cluster; its output; fails on a non-zero exit or past `limit` seconds."""
     try:
@@ -273,7 +297,7 @@ def test_doctor(args, cluster):
             fail("weft-doctor did not finish within 120 s")
         output = done.stdout + done.stderr
         if done.returncode not in (0, 1) or not os.path.exists(report):
-            fail(f"weft-doctor exited with {done.returncode} and wrote no report", output)
+            fail(f"weft-doctor exited with {done.returncode} and wrote no report", output + "\n" + shared_memory_report())
         checks = json.load(open(report))["checks"]
     by_name = {}
     for c in checks:
