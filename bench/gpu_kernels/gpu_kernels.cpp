@@ -18,6 +18,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels.hpp"
@@ -247,19 +248,24 @@ int main(int argc, char** argv) try {
     const float scale = 0.125f;
     // Causal: half of the seq x seq scores; forward is 2 products (QK^T, PV), backward 5.
     const double half_products = flops_per * static_cast<double>(seq) * seq * D * H / 2 * seqs;
-    report_flops("attention fwd causal fp32 (flash-style)", t.time([&] {
-                   for (std::size_t s = 0; s < seqs; ++s)
-                     k.attention_forward(q + s * seq * row, kk + s * seq * row, v + s * seq * row, pd, pd, seq, seq, H, D,
-                                         scale, true, out + s * seq * row, lse + s * seq * H);
-                 }),
-                 2 * half_products);
-    report_flops("attention bwd causal fp32 (flash-style)", t.time([&] {
-                   for (std::size_t s = 0; s < seqs; ++s)
-                     k.attention_backward(q + s * seq * row, kk + s * seq * row, v + s * seq * row, pd, pd, seq, seq, H,
-                                          D, scale, true, out + s * seq * row, lse + s * seq * H, dout + s * seq * row,
-                                          dq + s * seq * row, dk + s * seq * row, dv + s * seq * row);
-                 }),
-                 5 * half_products);
+    gpu::kernels tensor_cores(stream, gpu::gemm_math::fp32, gpu::attention_math::tensor_cores_bf16);
+    for (auto [kernel, name] : {std::pair<gpu::kernels*, const char*>{&k, "fp32 (flash-style)"},
+                                std::pair<gpu::kernels*, const char*>{&tensor_cores, "bf16 tensor cores"}}) {
+      report_flops((std::string("attention fwd causal ") + name).c_str(), t.time([&] {
+                     for (std::size_t s = 0; s < seqs; ++s)
+                       kernel->attention_forward(q + s * seq * row, kk + s * seq * row, v + s * seq * row, pd, pd, seq,
+                                                 seq, H, D, scale, true, out + s * seq * row, lse + s * seq * H);
+                   }),
+                   2 * half_products);
+      report_flops((std::string("attention bwd causal ") + name).c_str(), t.time([&] {
+                     for (std::size_t s = 0; s < seqs; ++s)
+                       kernel->attention_backward(q + s * seq * row, kk + s * seq * row, v + s * seq * row, pd, pd,
+                                                  seq, seq, H, D, scale, true, out + s * seq * row, lse + s * seq * H,
+                                                  dout + s * seq * row, dq + s * seq * row, dk + s * seq * row,
+                                                  dv + s * seq * row);
+                   }),
+                   5 * half_products);
+    }
   }
   check(cudaStreamSynchronize(stream), "kernels");  // the stream lives until exit: `k` frees on it
   std::printf("gpu kernel: done\n");

@@ -11,7 +11,8 @@
 // that build its attention graphs) is not part of the CUDA installation weft builds against, and
 // the backend API alone would be several hundred lines of descriptors; this kernel is small,
 // takes weft's position-based causal masks (ring attention's load-balanced chunks) as they are,
-// and bench/gpu_kernels measures it, so the choice can be revisited with numbers.
+// and bench/gpu_kernels measures it, so the choice can be revisited with numbers. Under
+// attention_math::tensor_cores_bf16 the same algorithm runs on the tensor cores (attention_bf16.cu).
 
 #include <cmath>
 #include <cstdint>
@@ -235,17 +236,6 @@ __global__ void __launch_bounds__(query_block) dq_kernel(const float* q, const f
     if (e < d) dq[i * stride + h * d + e] += dqr[e];
 }
 
-/// Calls f with the register width for `head_dim` (32, 64 or 128).
-template <class F>
-void with_width(std::size_t head_dim, F&& f) {
-  if (head_dim == 0 || head_dim > 128)
-    throw std::invalid_argument("train_gpt cuda attention: head_dim " + std::to_string(head_dim) +
-                                " is not supported (1 to 128; GPT-2 uses 64)");
-  if (head_dim <= 32) f(std::integral_constant<int, 32>{});
-  else if (head_dim <= 64) f(std::integral_constant<int, 64>{});
-  else f(std::integral_constant<int, 128>{});
-}
-
 /// Folds a block's attention (its output and LSE) into the running one, per (query row, head):
 /// lse = log(e^lse + e^block_lse), out = out e^(old lse - lse) + block_out e^(block_lse - lse).
 /// A side whose LSE is -inf (no visible key) contributes nothing.
@@ -295,7 +285,12 @@ void kernels::attention_forward(const float* q, const float* k, const float* v, 
                                 const std::int64_t* k_pos, std::size_t nq, std::size_t nk, std::size_t heads,
                                 std::size_t head_dim, float scale, bool causal, float* out, float* lse) {
   if (nq == 0 || heads == 0) return;
-  with_width(head_dim, [&](auto width) {
+  if (impl_->attention == attention_math::tensor_cores_bf16) {
+    detail::attention_forward_bf16(impl_->stream, q, k, v, q_pos, k_pos, nq, nk, heads, head_dim, scale, causal, out,
+                                   lse);
+    return;
+  }
+  detail::with_head_width(head_dim, [&](auto width) {
     forward_kernel<decltype(width)::value><<<dim3(detail::blocks_for(nq, query_block), static_cast<unsigned>(heads)),
                                              query_block, 0, impl_->stream>>>(
         q, k, v, q_pos, k_pos, nq, nk, heads, static_cast<int>(head_dim), scale, causal, out, lse);
@@ -313,7 +308,12 @@ void kernels::attention_backward(const float* q, const float* k, const float* v,
   delta_kernel<<<detail::blocks_for(nq * heads, 256), 256, 0, s.stream>>>(out, dout, nq * heads,
                                                                             static_cast<int>(head_dim), delta);
   TRAIN_GPT_CUDA_LAUNCHED();
-  with_width(head_dim, [&](auto width) {
+  if (s.attention == attention_math::tensor_cores_bf16) {
+    detail::attention_backward_bf16(s.stream, q, k, v, q_pos, k_pos, nq, nk, heads, head_dim, scale, causal, lse, delta,
+                                    dout, dq, dk, dv);
+    return;
+  }
+  detail::with_head_width(head_dim, [&](auto width) {
     constexpr int w = decltype(width)::value;
     const int d = static_cast<int>(head_dim);
     dkdv_kernel<w><<<dim3(detail::blocks_for(nk, key_block), static_cast<unsigned>(heads)), key_block, 0, s.stream>>>(

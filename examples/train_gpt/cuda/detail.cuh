@@ -5,13 +5,14 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
-#include <array>
+#include <type_traits>
 
 #include "kernels.hpp"
 
@@ -30,6 +31,29 @@ inline void check(cublasStatus_t s, const char* what, const char* file, int line
 
 /// Blocks of `block` threads to cover `n` items.
 inline unsigned blocks_for(std::size_t n, unsigned block) { return static_cast<unsigned>((n + block - 1) / block); }
+
+/// Calls f with the padded head width the attention kernels hold `head_dim` in (32, 64 or 128;
+/// the padding is zeros).
+template <class F>
+void with_head_width(std::size_t head_dim, F&& f) {
+  if (head_dim == 0 || head_dim > 128)
+    throw std::invalid_argument("train_gpt cuda attention: head_dim " + std::to_string(head_dim) +
+                                " is not supported (1 to 128; GPT-2 uses 64)");
+  if (head_dim <= 32) f(std::integral_constant<int, 32>{});
+  else if (head_dim <= 64) f(std::integral_constant<int, 64>{});
+  else f(std::integral_constant<int, 128>{});
+}
+
+/// Attention on the tensor cores (attention_bf16.cu): kernels::attention_forward and the
+/// products of kernels::attention_backward (after delta = rowsum(dout * out)) under
+/// attention_math::tensor_cores_bf16, with their arguments.
+void attention_forward_bf16(cudaStream_t stream, const float* q, const float* k, const float* v,
+                            const std::int64_t* q_pos, const std::int64_t* k_pos, std::size_t nq, std::size_t nk,
+                            std::size_t heads, std::size_t head_dim, float scale, bool causal, float* out, float* lse);
+void attention_backward_bf16(cudaStream_t stream, const float* q, const float* k, const float* v,
+                             const std::int64_t* q_pos, const std::int64_t* k_pos, std::size_t nq, std::size_t nk,
+                             std::size_t heads, std::size_t head_dim, float scale, bool causal, const float* lse,
+                             const float* delta, const float* dout, float* dq, float* dk, float* dv);
 
 /// Device memory that grows on demand, in stream order (no host synchronization).
 class scratch {
@@ -53,6 +77,7 @@ namespace train_gpt::cuda {
 struct kernels::impl {
   cudaStream_t stream;
   gemm_math math;
+  attention_math attention;
   cublasLtHandle_t lt = nullptr;
   void* workspace = nullptr;
   static constexpr std::size_t workspace_bytes = std::size_t{32} << 20;  // cuBLASLt's recommendation for Hopper

@@ -119,9 +119,20 @@ bool gemm(kernels::impl& k, cudaDataType_t ab, cudaDataType_t cd, const row_majo
 
 }  // namespace detail
 
-kernels::kernels(cudaStream_t stream, gemm_math math) : impl_(std::make_unique<impl>()) {
+kernels::kernels(cudaStream_t stream, gemm_math math, attention_math attention) : impl_(std::make_unique<impl>()) {
   impl_->stream = stream;
   impl_->math = math;
+  impl_->attention = attention;
+  if (attention == attention_math::tensor_cores_bf16) {  // bf16 WMMA (attention_bf16.cu) needs Ampere or newer
+    int device = 0, major = 0, minor = 0;
+    TRAIN_GPT_CUDA_CHECK(cudaGetDevice(&device));
+    TRAIN_GPT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    TRAIN_GPT_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    if (major < 8)
+      throw std::invalid_argument("train_gpt cuda: bf16 attention runs on tensor cores of compute capability 8.0 or "
+                                  "newer; GPU " + std::to_string(device) + " is " + std::to_string(major) + "." +
+                                  std::to_string(minor) + " (use --precision fp32)");
+  }
   TRAIN_GPT_CUDA_CHECK(cublasLtCreate(&impl_->lt));
   TRAIN_GPT_CUDA_CHECK(cudaMallocAsync(&impl_->workspace, impl::workspace_bytes, stream));
 }

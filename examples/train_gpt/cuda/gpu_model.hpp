@@ -91,9 +91,10 @@ struct model_storage {
 /// `T` is what the products read and write: float (--precision fp32: the parameters themselves,
 /// fp32 activations) or bf16 (--precision bf16: a bf16 copy of the parameters, refreshed
 /// after each optimizer step, and bf16 activations, every product accumulating in fp32). What
-/// bf16 would spoil stays fp32 either way: layer norm's statistics and sums, attention (its q, k,
-/// v and output converted around it, the softmax in fp32), the logits and the loss, the
-/// embeddings' lookup and gradient sums, the gradients and AdamW.
+/// bf16 would spoil stays fp32 either way: layer norm's statistics and sums, attention's softmax
+/// and sums (its q, k, v and output are fp32 around it; with bf16, kernels built with
+/// attention_math::tensor_cores_bf16 round its products' operands to bf16 for the tensor cores), the logits
+/// and the loss, the embeddings' lookup and gradient sums, the gradients and AdamW.
 template <class T>
 class one_gpu_model {
   static constexpr bool is_bf16 = std::is_same_v<T, bf16>;

@@ -35,6 +35,13 @@ using bf16 = __nv_bfloat16;
 /// mantissa inputs (about 8x faster on H100/H200, and 1e-3 relative error).
 enum class gemm_math { fp32, tf32 };
 
+/// How attention computes: `fp32` on the CUDA cores, one row per thread (what the CPU path does,
+/// so results agree to rounding); `tensor_cores_bf16` on the tensor cores (compute capability 8.0+):
+/// q, k, v, the output gradient, the probabilities and their gradients rounded to bf16 as the
+/// products' operands (relative 2^-9 each), the softmax and every sum in fp32; train_gpt
+/// --precision bf16.
+enum class attention_math { fp32, tensor_cores_bf16 };
+
 /// cpu_kernels::adamw_settings, field for field.
 struct adamw_settings {
   float lr = 3e-4f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f;
@@ -42,8 +49,10 @@ struct adamw_settings {
 
 class kernels {
  public:
-  /// Enqueues everything on `stream` (not owned).
-  explicit kernels(cudaStream_t stream, gemm_math math = gemm_math::fp32);
+  /// Enqueues everything on `stream` (not owned). attention_math::tensor_cores_bf16 on a GPU older than
+  /// compute capability 8.0 throws std::invalid_argument.
+  explicit kernels(cudaStream_t stream, gemm_math math = gemm_math::fp32,
+                   attention_math attention = attention_math::fp32);
   ~kernels();
   kernels(const kernels&) = delete;
   kernels& operator=(const kernels&) = delete;
@@ -188,7 +197,7 @@ class kernels {
   // ---- causal attention (attention.cu) --------------------------------------------------------
 
   /// A flash-style kernel (Dao et al.): scores never leave the chip; online softmax over key
-  /// tiles. q [nq, heads, head_dim], k and v [nk, heads, head_dim], out likewise, lse [nq, heads];
+  /// tiles; on the tensor cores under attention_math::tensor_cores_bf16. q [nq, heads, head_dim], k and v [nk, heads, head_dim], out likewise, lse [nq, heads];
   /// positions are device int64 arrays; with `causal`, query i sees key j when
   /// k_pos[j] <= q_pos[i] (a row that sees none gets out 0, lse -inf). head_dim <= 128.
   void attention_forward(const float* q, const float* k, const float* v, const std::int64_t* q_pos,

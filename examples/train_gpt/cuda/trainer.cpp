@@ -185,7 +185,10 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
   // itself, ordered with the kernels that make and use their data.
   for (nccl_comm* c : {&tp, &cp, &pp, &model_group, embedding})
     if (c != nullptr && c->size() > 1) c->native().use_stream(stream.get());
-  cuda::kernels k(stream.get(), cuda::gemm_math::fp32);
+  // bf16: attention on the tensor cores too (fp32 keeps the CUDA cores' kernels, whose results agree
+  // with the CPU trainer's to rounding).
+  cuda::kernels k(stream.get(), cuda::gemm_math::fp32,
+                  std::is_same_v<T, cuda::bf16> ? cuda::attention_math::tensor_cores_bf16 : cuda::attention_math::fp32);
   // The gradients: the synchronizer's device buffer (fp32 in both precisions, so they are reduced
   // in fp32), added over the step's micro-batches and summed over dp x cp once after the last (the
   // loss is already divided by the global batch's tokens), as the CPU trainer's. With ZeRO-1
