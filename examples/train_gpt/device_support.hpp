@@ -56,15 +56,6 @@ inline std::optional<std::string> cuda_trainer_refusal(const options& o, const w
   if (o.recompute != weft::tune::recompute::none)
     return std::string("the trainer on the GPU keeps every layer's activations from forward to backward (no "
                        "recomputation): drop --recompute, or use --device cpu");
-  // ZeRO-1's moments are sharded over the dp ranks and its gradients reduce-scattered: what the
-  // checkpoint files and the gradient dump hold whole.
-  if (o.zero1)
-    for (const auto& [given, flag] : std::vector<std::pair<bool, const char*>>{
-             {o.save.has_value(), "--save"}, {o.resume.has_value(), "--resume"}, {o.dump_grads.has_value(), "--dump-grads"}})
-      if (given)
-        return std::string("the trainer on the GPU does not take ") + flag +
-               " with --zero1 (its optimizer state and reduced gradients are sharded over the dp ranks, and the "
-               "checkpoint files and the gradient dump hold them whole): drop --zero1, or use --device cpu";
   const std::vector<std::pair<bool, const char*>> cpu_only = {
       {o.save_dir.has_value(), "--save-dir"}, {o.init_from.has_value(), "--init-from"},
       {o.val_data.has_value(), "--val-data"}, {o.trace.has_value(), "--trace"},

@@ -42,9 +42,10 @@ sharding: dp 2 with --zero1 (AdamW on each rank's shard of the reduce-scattered 
   shards gathered) in fp32 and in bf16, and with the sharded units of --sharding zero2, zero3 (and
   zero3 in bf16) and hsdp with --ranks-per-node 1 (shard groups of one rank, the gradients
   all-reduced across the two replicas), each against plain dp 2 for 10 steps: the same printed
-  losses to the last digit, and (but ZeRO-1's, refused on the GPU) --save files byte-equal to plain
-  dp 2's (the shards and their moments gathered into whole tensors); then ZeRO-3 as dp 2 resumed
-  as `resume` below does it (fp32). With two ranks a reduce-scatter and an all-reduce add the same two
+  losses to the last digit, and --save files byte-equal to plain dp 2's (the shards and their
+  moments gathered into whole tensors), and ZeRO-1's --dump-grads file (the first step's reduced
+  gradient shards gathered) byte-equal to dp 2's; then ZeRO-1 and ZeRO-3 as dp 2 resumed as
+  `resume` below does it (fp32). With two ranks a reduce-scatter and an all-reduce add the same two
   numbers, each rank runs one micro-batch a step (so the units reduce what the synchronizer
   reduces), and AdamW is elementwise, so the weights stay bit-equal; a shard left ungathered, a
   moment applied to the wrong run, a unit bound to another's parameters, the output layer's
@@ -159,21 +160,31 @@ def check_sharding(two, tmp, failures):
         plain = os.path.join(tmp, precision + "_dp2.safetensors")
         a = losses(run(two + flags + ["--save", plain]))
         for level, extra in runs:
-            # ZeRO-2, ZeRO-3 and HSDP save their shards gathered into whole tensors: the same files.
-            saved = os.path.join(tmp, f"{precision}_{level}.safetensors") if level != "zero1" else None
-            sharded = run(two + flags + extra + (["--save", saved] if saved else []))
+            # Every level saves its shards gathered into whole tensors: dp2's files, byte for byte.
+            saved = os.path.join(tmp, f"{precision}_{level}.safetensors")
+            sharded = run(two + flags + extra + ["--save", saved])
             if f"+{level}," not in sharded:
                 failures.append(f"{precision}: {' '.join(extra)} did not say +{level} in its header:\n" + sharded[-2000:])
             b = losses(sharded)
-            same = [filecmp.cmp(plain + suffix, saved + suffix, shallow=False) for suffix in ("", ".optimizer")] if saved else []
+            same = [filecmp.cmp(plain + suffix, saved + suffix, shallow=False) for suffix in ("", ".optimizer")]
             print(f"{level} ({precision}): dp2 {a[-1:]} dp2 +{level} {b[-1:]}, {'equal' if a == b else 'different'} "
-                  f"over {len(a)} steps" + (f"; checkpoint {'byte-equal' if all(same) else 'differs'}" if saved else ""))
+                  f"over {len(a)} steps; checkpoint {'byte-equal' if all(same) else 'differs'}")
             if len(a) != 10 or a != b:
                 failures.append(f"{precision}: dp2 printed {a}, dp2 with {' '.join(extra)} {b}")
-            if saved and not all(same):
+            if not all(same):
                 failures.append(f"{precision}: the checkpoint of dp2 with {' '.join(extra)} is not dp2's "
                                 f"(weights equal: {same[0]}, optimizer state equal: {same[1]})")
-    # A ZeRO-3 run resumed from its own checkpoint continues bit for bit.
+        # ZeRO-1's gradient dump: the first step's reduced gradient shards gathered into whole
+        # tensors, dp2's file byte for byte (the units' dumps are device_check.py's).
+        dumps = [os.path.join(tmp, f"{precision}_{name}.grads") for name in ("dp2", "zero1")]
+        for extra, path in zip(([], ["--zero1"]), dumps):
+            run(two + MODEL + ["--precision", precision, "--dp", "2", "--steps", "1", "--quiet", "--dump-grads", path] + extra)
+        same_dump = filecmp.cmp(dumps[0], dumps[1], shallow=False)
+        print(f"zero1 gradient dump ({precision}): {'byte-equal' if same_dump else 'differs from'} dp2's")
+        if not same_dump:
+            failures.append(f"{precision}: the gradient dump of dp2 with --zero1 is not dp2's")
+    # ZeRO-1 and ZeRO-3 runs resumed from their own checkpoints continue bit for bit.
+    check_resume(two + ["--dp", "2", "--zero1"], tmp, failures, precisions=("fp32",), label="zero1 dp2 ")
     check_resume(two + ["--dp", "2", "--sharding", "zero3"], tmp, failures, precisions=("fp32",), label="zero3 dp2 ")
 
 

@@ -295,15 +295,43 @@ class one_gpu_model {
   }
 
   /// The three states a checkpoint holds, each as whole tensors (checkpoint order: the padded
-  /// vocabulary rows left out), and back. Not with ZeRO-1 (each rank holds a shard of the moments).
-  /// whole_state is collective over tp x pp (the slices and stages summed into whole tensors).
+  /// vocabulary rows left out), and back. whole_state is collective over tp x pp (the slices and
+  /// stages summed into whole tensors); with ZeRO-1 not for the moments, of which each rank holds
+  /// a shard (place_moment_shard, then whole_from_device once the shards are gathered).
   using state = checkpoint_state;
   std::vector<float> whole_state(const whole_index& index, state which) {
     return whole_of(index, [&](std::size_t i) -> const float* { return of(which) + offsets_[i]; });
   }
+  /// With ZeRO-1 the moments' file is whole: this rank keeps its shard of it.
   void load_whole_state(state which, const std::function<std::span<const float>(const std::string&)>& lookup) {
+    if (which != state::params && storage_.sharded) {
+      const std::vector<float> host = local_of_whole(lookup);
+      float* moments = which == state::exp_avg ? m1_.get() : m2_.get();
+      for (const state_segment& seg : storage_.optimizer)
+        WEFT_CHECK_CUDA(cudaMemcpyAsync(moments + seg.state_offset, host.data() + offsets_[seg.param] + seg.param_offset,
+                                        seg.count * sizeof(float), cudaMemcpyHostToDevice, k_.stream()));
+      WEFT_CHECK_CUDA(cudaStreamSynchronize(k_.stream()));  // before `host` goes
+      return;
+    }
     upload(of(which), local_of_whole(lookup));
     if (which == state::params) refresh_working_copy();
+  }
+  /// ZeRO-1: this rank's shard of AdamW's moment `which` (exp_avg or exp_avg_sq), or of the reduced
+  /// gradients (place_gradient_shard: where the reduce-scatter left them), copied into `full`
+  /// (device, the storage's layout) at the shard's segments; the rest of `full` is not written.
+  void place_moment_shard(state which, float* full) const {
+    if (which == state::params || !storage_.sharded) throw std::logic_error("train_gpt: place_moment_shard without a moment shard");
+    const float* moments = which == state::exp_avg ? m1_.get() : m2_.get();
+    place_shard(full, [&](const state_segment& seg) { return moments + seg.state_offset; });
+  }
+  void place_gradient_shard(float* full) const {
+    if (!storage_.sharded) throw std::logic_error("train_gpt: place_gradient_shard without ZeRO-1");
+    place_shard(full, [&](const state_segment& seg) { return storage_.grad[seg.param] + seg.param_offset; });
+  }
+  /// Whole tensors (checkpoint order) from `full` (device, the storage's layout: every parameter's
+  /// local elements); collective over tp x pp, as whole_state.
+  std::vector<float> whole_from_device(const whole_index& index, const float* full) {
+    return whole_of(index, [&](std::size_t i) { return full + offsets_[i]; });
   }
   /// This rank's local elements of whole tensors (`lookup(name)`), on the host in the storage's
   /// layout (offset; with units, the packed form sharded_units::load_packed takes).
@@ -461,6 +489,12 @@ class one_gpu_model {
  private:
   static constexpr std::size_t logits_chunk_elements = std::size_t{1} << 22;  // gpt_model's
 
+  template <class Source>
+  void place_shard(float* full, Source&& source) const {
+    for (const state_segment& seg : storage_.optimizer)
+      WEFT_CHECK_CUDA(cudaMemcpyAsync(full + offsets_[seg.param] + seg.param_offset, source(seg),
+                                      seg.count * sizeof(float), cudaMemcpyDeviceToDevice, k_.stream()));
+  }
   template <class U>
   void upload(U* device, const std::vector<U>& host) {
     WEFT_CHECK_CUDA(cudaMemcpyAsync(device, host.data(), host.size() * sizeof(U), cudaMemcpyHostToDevice, k_.stream()));

@@ -308,7 +308,19 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
            : which == checkpoint_state::exp_avg ? std::span<float>(unit_m1[u].get(), count)
                                                 : std::span<float>(unit_m2[u].get(), count);
   };
+  // ZeRO-1: each rank holds its shard of the moments (and, after the step's reduce-scatter, of the
+  // reduced gradients) at the synchronizer's shard segments: placed into a buffer laid out by its
+  // plan and gathered over dp as the parameters are (collective over dp), then made whole as
+  // without ZeRO-1.
+  auto whole_of_shards = [&](const std::function<void(float*)>& place_shard) {
+    synchronizer::buffer_type full(sync->shared_plan(), dp.native().device());
+    place_shard(full.all().data());
+    sync->gather_params(full);
+    return model.whole_from_device(index, full.all().data());
+  };
   const whole_state_of whole_state = [&](checkpoint_state which) -> std::vector<float> {
+    if (!units && o.zero1 && which != checkpoint_state::params)
+      return whole_of_shards([&](float* full) { model.place_moment_shard(which, full); });
     if (!units) return model.whole_state(index, which);
     const std::vector<float> packed = units->packed([&](std::size_t u) {
       if (which == checkpoint_state::params) return units->model().shard_params_view(u);
@@ -433,6 +445,9 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
       const std::vector<float> packed =
           units->packed([&](std::size_t u) { return units->model().shard_grads(u); });
       if (gathers) dumped_gradients = model.whole_from_local(index, packed);
+    } else if (o.dump_grads && o.zero1) {  // every dp rank gathers the shards
+      std::vector<float> whole = whole_of_shards([&](float* full) { model.place_gradient_shard(full); });
+      if (gathers) dumped_gradients = std::move(whole);
     } else if (o.dump_grads && gathers) {
       dumped_gradients = model.whole_gradients(index);
     }
@@ -497,9 +512,9 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
     }
     const bool last = step + 1 == o.steps;
     // Every dp and cp rank holds the same weights and moments: rank 0's tp x pp group's are the
-    // checkpoint (gathered from its slices and stages; rank 0 writes). With units every rank
-    // gathers its shards first.
-    if (o.save && (gathers || units) && (last || (o.save_every > 0 && (step + 1) % o.save_every == 0)))
+    // checkpoint (gathered from its slices and stages; rank 0 writes). With units and with ZeRO-1
+    // every rank gathers its shards first.
+    if (o.save && (gathers || units || o.zero1) && (last || (o.save_every > 0 && (step + 1) % o.save_every == 0)))
       save_checkpoint(whole_state, o, m, r, index, data, step + 1, position(step + 1).sequence, rank == 0);
     const double step_s = std::chrono::duration<double>(clock::now() - t0).count();
     step_times.push_back(step_s);
