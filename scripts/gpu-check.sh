@@ -162,7 +162,7 @@ grep -hE '^(pipeline p2p:|verdict:)|algbw|busbw' "${last_logs[@]}" 2>/dev/null |
 grep -h '^gpu kernel:' "${last_logs[@]}" 2>/dev/null | head -60 || true
 # train_gpt on the GPU: against the CPU trainer (tests/train_gpt/device_check.py), bf16 against
 # fp32 and resume (device_runs_check.py), and GPT-2 small's tokens/s and MFU (bench/gpu_train).
-grep -hE '^(first-step loss|gradients|20 steps|bf16 first-step loss|bf16 gradients|bf16 50 steps|resume|zero1|zero2|zero3|hsdp|gpu train)[ :(]' \
+grep -hE '^(first-step loss|gradients|recompute|20 steps|bf16 first-step loss|bf16 gradients|bf16 50 steps|resume|zero1|zero2|zero3|hsdp|gpu train)[ :(]' \
   "${last_logs[@]}" 2>/dev/null | head -50 || true
 grep -E 'tests passed|tests failed' "$log" || true
 if [ "$status" -eq 124 ]; then

@@ -53,9 +53,6 @@ inline std::optional<std::string> cuda_trainer_refusal(const options& o, const w
            "and --vocab " + std::to_string(o.model.vocab) + " padded to a multiple of --make-vocab-size-divisible-by " +
            std::to_string(divisor) + (d.tp > 1 ? " x tp " + std::to_string(d.tp) + " gives each rank a block that" : "") +
            " is not: give --make-vocab-size-divisible-by 8 (or a multiple of it), or train in fp32";
-  if (o.recompute != weft::tune::recompute::none)
-    return std::string("the trainer on the GPU keeps every layer's activations from forward to backward (no "
-                       "recomputation): drop --recompute, or use --device cpu");
   const std::vector<std::pair<bool, const char*>> cpu_only = {
       {o.save_dir.has_value(), "--save-dir"}, {o.init_from.has_value(), "--init-from"},
       {o.val_data.has_value(), "--val-data"}, {o.trace.has_value(), "--trace"},

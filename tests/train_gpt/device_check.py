@@ -17,7 +17,9 @@
    sequence parallelism under ZeRO-3 (the units' gradients summed over tp where each rank computed
    them from its rows, wpe's not): the loss within 1e-5 relative, each gradient within 1e-3 of
    its largest element (the products and sums run in other orders, GELU and the loss use the GPU's
-   exp; a wrong term or index is off by the gradient's own size);
+   exp; a wrong term or index is off by the gradient's own size); and with recomputation
+   (selective on one GPU and as dp 2 under ZeRO-3, full as tp 2 with sequence parallelism and as
+   pp 2): the same bounds, and every gradient equal to the bit to the run's without it;
 2. 20 steps on each: every loss within 2e-4 relative of the CPU's (AdamW compounds the first
    step's rounding);
 3. two GPU runs print the same 20 losses to the last digit (every kernel is deterministic);
@@ -41,6 +43,14 @@ import safetensors_file
 
 MODEL = ["--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "32", "--positions", "64", "--seed", "7",
          "--micro-batch", "2", "--global-batch", "4", "--lr", "3e-3"]
+
+
+def RECOMPUTED(one, two):
+    """The runs repeated with recomputation: (the run's name, its command, the mode)."""
+    return (("cuda", one + ["--device", "cuda"], "selective"),
+            ("cuda dp2 zero3", two + ["--device", "cuda", "--dp", "2", "--sharding", "zero3"], "selective"),
+            ("cuda tp2 sp", two + ["--device", "cuda", "--tp", "2", "--sequence-parallel"], "full"),
+            ("cuda pp2", two + ["--device", "cuda", "--pp", "2"], "full"))
 
 
 def run(command, expect=0):
@@ -130,7 +140,8 @@ def main():
                               ("cuda pp2 zb-h1", two + ["--device", "cuda", "--pp", "2", "--schedule", "zb-h1"]),
                               ("cuda dp2 zero3", two + ["--device", "cuda", "--dp", "2", "--sharding", "zero3"]),
                               ("cuda tp2 sp zero3", two + ["--device", "cuda", "--tp", "2", "--sequence-parallel",
-                                                           "--sharding", "zero3"])):
+                                                           "--sharding", "zero3"])) + tuple(
+                (what + " " + mode, command + ["--recompute", mode]) for what, command, mode in RECOMPUTED(one, two)):
             path = os.path.join(tmp, what.replace(" ", "_") + ".safetensors")
             out = run(command + MODEL + ["--steps", "1", "--dump-grads", path, "--quiet"])
             if what != "cpu" and "GPU(s) in fp32" not in out:
@@ -145,6 +156,16 @@ def main():
         compare(dumps["cpu"], dumps["cuda pp2 zb-h1"], "cuda pp2 zb-h1", failures)
         compare(dumps["cpu"], dumps["cuda dp2 zero3"], "cuda dp2 zero3", failures)
         compare(dumps["cpu"], dumps["cuda tp2 sp zero3"], "cuda tp2 sp zero3", failures)
+        # Recomputation reruns the same kernels on the same inputs: the gradients are the bits of
+        # the run without it (and so, as it, within the bounds of the CPU's).
+        for what, _, mode in RECOMPUTED(one, two):
+            compare(dumps["cpu"], dumps[what + " " + mode], what + " " + mode, failures)
+            same = dumps[what + " " + mode] == dumps[what]
+            print(f"recompute {mode} ({what}): gradients {'equal to the bit' if same else 'differ from'} "
+                  f"those without it")
+            if not same:
+                differing = sorted(k for k in dumps[what] if dumps[what][k] != dumps[what + " " + mode].get(k))
+                failures.append(f"{what} with --recompute {mode}: gradients differ from those without it: {differing[:5]}")
 
         curves = {}
         for device, tag in (("cpu", "cpu"), ("cuda", "cuda"), ("cuda", "cuda again")):

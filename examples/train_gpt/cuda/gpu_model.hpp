@@ -27,6 +27,7 @@
 #include <weft/cp/causal_split.hpp>
 #include <weft/cp/ring_attention.hpp>
 #include <weft/tp/vocab_parallel.hpp>
+#include <weft/tune/layout.hpp>
 
 #include "checkpoint_io.hpp"
 #include "gpt_config.hpp"
@@ -103,9 +104,16 @@ class one_gpu_model {
   /// `slots`: the micro-batches of each chunk whose activations the rank holds at once (1 without
   /// pp; with it weft::pipeline::slots_by_micro_batch of the schedule: micro-batch mb in slot
   /// mb % slots). `split_backward`: the schedule runs the weight gradients apart (zb-h1), so
-  /// backward computes the input gradients alone and keeps what `weight` reads.
+  /// backward computes the input gradients alone and keeps what `weight` reads. `recompute`
+  /// (gpt_model's, Korthikanti et al.): selective keeps one layer's attention output and its lse
+  /// for all layers and recomputes each layer's from its q, k, v in backward; full keeps each
+  /// layer's input (the residual stream) alone and reruns the layer's forward, its tp and cp
+  /// exchanges included, in backward. The same kernels on the same inputs give the same bits, so
+  /// the gradients equal those without it; not with a split backward (its weight pass reads
+  /// every layer's activations later).
   one_gpu_model(const gpt_config& m, int micro_batch, kernels& k, model_storage storage, const model_place& place,
-                const model_groups& groups, std::size_t slots = 1, bool split_backward = false)
+                const model_groups& groups, std::size_t slots = 1, bool split_backward = false,
+                weft::tune::recompute recompute = weft::tune::recompute::none)
       : m_(m),
         k_(k),
         place_(place),
@@ -118,7 +126,10 @@ class one_gpu_model {
         specs_(rank_parameters(m, place)),
         storage_(std::move(storage)),
         vocab_block_(vocab_partition_of(m, place)),
-        split_backward_(split_backward) {
+        split_backward_(split_backward),
+        recompute_(recompute) {
+    if (split_backward_ && recompute_ != weft::tune::recompute::none)
+      throw std::logic_error("train_gpt: recomputation with a split backward (zb-h1)");
     c_ = static_cast<std::size_t>(m.hidden);
     cl_ = c_ / static_cast<std::size_t>(place.tp);
     t_ = static_cast<std::size_t>(m.seq / split_.cp);  // the rank's tokens of each sequence
@@ -162,14 +173,18 @@ class one_gpu_model {
     // slice of the heads or of the MLP's inner width (a quarter of it); rc: the rank's rows (all of
     // them without sequence parallelism). l: the layers whose activations are kept, those of each
     // chunk for each slot; the residual stream has each chunk's input and every layer's output.
+    // Recomputation keeps one layer's set of what it rebuilds (la: attention's output and lse;
+    // with full, li: every activation inside the layer), which each layer's backward rebuilds.
     const std::size_t nc = n_ * c_, ncl = n_ * cl_, rc = rows_ * c_, l = slots_ * chunks_ * layers_;
+    const std::size_t li = recompute_ == weft::tune::recompute::full ? 1 : l;
+    const std::size_t la = recompute_ != weft::tune::recompute::none ? 1 : l;
     stream_ = device_alloc<T>((l + slots_ * chunks_) * rc);
-    ln1_ = device_alloc<T>(l * nc), ln2_ = device_alloc<T>(l * nc);
-    q_ = device_alloc<float>(l * ncl), k_act_ = device_alloc<float>(l * ncl), v_ = device_alloc<float>(l * ncl);
-    attn_ = device_alloc<float>(l * ncl), x2_ = device_alloc<T>(l * rc);
-    fc_ = device_alloc<T>(l * 4 * ncl), gelu_ = device_alloc<T>(l * 4 * ncl);
-    stats_ = device_alloc<float>(4 * l * rows_);  // mean and rstd of ln_1 and ln_2, per layer
-    lse_ = device_alloc<float>(l * n_ * local_heads_);
+    ln1_ = device_alloc<T>(li * nc), ln2_ = device_alloc<T>(li * nc);
+    q_ = device_alloc<float>(li * ncl), k_act_ = device_alloc<float>(li * ncl), v_ = device_alloc<float>(li * ncl);
+    attn_ = device_alloc<float>(la * ncl), x2_ = device_alloc<T>(li * rc);
+    fc_ = device_alloc<T>(li * 4 * ncl), gelu_ = device_alloc<T>(li * 4 * ncl);
+    stats_ = device_alloc<float>(4 * li * rows_);  // mean and rstd of ln_1 and ln_2, per layer
+    lse_ = device_alloc<float>(la * n_ * local_heads_);
     // The head's output gradient and norm statistics, kept from forward to backward per slot.
     head_ln_ = device_alloc<T>(nc), head_stats_ = device_alloc<float>(slots_ * 2 * rows_);
     head_dh_ = device_alloc<T>(slots_ * nc);
@@ -197,7 +212,7 @@ class one_gpu_model {
     if constexpr (is_bf16) {
       // The products' bf16 copies of attention's output (kept per layer for c_proj's weight
       // gradient) and of its gradient; the embeddings' fp32 rows.
-      attn_products_ = device_alloc<T>(l * ncl), dattn_products_ = device_alloc<T>(ncl);
+      attn_products_ = device_alloc<T>(la * ncl), dattn_products_ = device_alloc<T>(ncl);
       embedding_rows_ = device_alloc<float>(nc);
     }
     if (tp_ != nullptr) {
@@ -412,6 +427,10 @@ class one_gpu_model {
     for (std::size_t j = layers_; j-- > 0;) {
       const int layer = place_.first_layer(m_, chunk) + static_cast<int>(j);
       scope(layer, scope_event::enter_backward);
+      // Recomputation rebuilds what forward did not keep, in the shared buffers, with the
+      // layer's parameters of its backward scope (gathered, under units).
+      if (recompute_ == weft::tune::recompute::full) layer_forward(slot, chunk, j);
+      if (recompute_ == weft::tune::recompute::selective) attention_core(view(slot, chunk, j));
       layer_backward_input(slot, chunk, j);
       if (!split_backward_) layer_backward_weight(slot, chunk, j);
       scope(layer, scope_event::leave_backward);
@@ -716,17 +735,21 @@ class one_gpu_model {
     float *mean1, *rstd1, *mean2, *rstd2;
   };
   /// Layer j of `chunk`'s activations in `slot`.
+  /// (The residual stream is every layer's; with recomputation the rest is one layer's set, la
+  /// and l below 0.)
   layer_view view(std::size_t slot, int chunk, std::size_t j) const {
     const std::size_t nc = n_ * c_, ncl = n_ * cl_, rc = rows_ * c_;
-    const std::size_t l = (slot * chunks_ + static_cast<std::size_t>(chunk)) * layers_ + j;
+    const std::size_t kept = (slot * chunks_ + static_cast<std::size_t>(chunk)) * layers_ + j;
+    const std::size_t l = recompute_ == weft::tune::recompute::full ? 0 : kept;
+    const std::size_t la = recompute_ != weft::tune::recompute::none ? 0 : kept;
     float* stats = stats_.get() + 4 * l * rows_;
-    float* attn = attn_.get() + l * ncl;
+    float* attn = attn_.get() + la * ncl;
     T* attn_products;
-    if constexpr (is_bf16) attn_products = attn_products_.get() + l * ncl;
+    if constexpr (is_bf16) attn_products = attn_products_.get() + la * ncl;
     else attn_products = attn;  // fp32: the products read attention's output itself
     return {stream_at(slot, chunk, j), stream_at(slot, chunk, j + 1), ln1_.get() + l * nc,
             q_.get() + l * ncl,        k_act_.get() + l * ncl,       v_.get() + l * ncl,
-            attn,                      lse_.get() + l * n_ * local_heads_, attn_products,
+            attn,                      lse_.get() + la * n_ * local_heads_, attn_products,
             x2_.get() + l * rc,        ln2_.get() + l * nc,          fc_.get() + 4 * l * ncl,
             gelu_.get() + 4 * l * ncl, stats,                        stats + rows_,
             stats + 2 * rows_,         stats + 3 * rows_};
@@ -751,7 +774,7 @@ class one_gpu_model {
   void layer_forward(std::size_t slot, int chunk, std::size_t j) {
     const layer_view a = view(slot, chunk, j);
     const int layer = place_.first_layer(m_, chunk) + static_cast<int>(j);
-    const std::size_t c = c_, cl = cl_, n = n_, r = rows_, d = c_ / heads_, h = local_heads_;
+    const std::size_t c = c_, cl = cl_, n = n_, r = rows_;
     T* ln_out = sp_ ? ln_rows_.get() : a.ln1;
     k_.layernorm_forward(a.x, param(param_role::ln_1_w, layer), param(param_role::ln_1_b, layer), ln_out, a.mean1,
                          a.rstd1, r, c);
@@ -761,17 +784,7 @@ class one_gpu_model {
     copy_columns(a.q, cl, qkv_.get(), 3 * cl, cl);
     copy_columns(a.k, cl, qkv_.get() + cl, 3 * cl, cl);
     copy_columns(a.v, cl, qkv_.get() + 2 * cl, 3 * cl, cl);
-    for (std::size_t b = 0; b < b_; ++b) {  // each sequence: the rank's tokens, over the ring with cp
-      const std::size_t o = b * t_ * cl, w = t_ * cl;
-      if (ring_) {
-        ring_->template forward<float>({a.q + o, w}, {a.k + o, w}, {a.v + o, w}, {a.attn + o, w},
-                                       {a.lse + b * t_ * h, t_ * h});
-        continue;
-      }
-      k_.attention_forward(a.q + o, a.k + o, a.v + o, sequence_positions_.get(), sequence_positions_.get(), t_, t_, h,
-                           d, softmax_scale(), true, a.attn + o, a.lse + b * t_ * h);
-    }
-    if constexpr (is_bf16) k_.convert(a.attn, a.attn_products, n * cl);
+    attention_core(a);
     k_.linear_forward(a.attn_products, param(param_role::attn_proj_w, layer), nullptr, tmp_.get(), n, cl, c);
     k_.residual_add(a.x, reduced(tmp_.get(), tmp_rows_.get()), param(param_role::attn_proj_b, layer), a.x2, r, c);
     ln_out = sp_ ? ln_rows_.get() : a.ln2;
@@ -782,6 +795,24 @@ class one_gpu_model {
     k_.gelu_forward(a.fc, a.gelu, n * 4 * cl);
     k_.linear_forward(a.gelu, param(param_role::mlp_proj_w, layer), nullptr, tmp_.get(), n, 4 * cl, c);
     k_.residual_add(a.x2, reduced(tmp_.get(), tmp_rows_.get()), param(param_role::mlp_proj_b, layer), a.out, r, c);
+  }
+
+  /// Attention's output and lse from the layer's q, k and v (each sequence: the rank's tokens, over
+  /// the ring with cp), and in bf16 the products' copy of the output: what selective
+  /// recomputation rebuilds.
+  void attention_core(const layer_view& a) {
+    const std::size_t cl = cl_, d = c_ / heads_, h = local_heads_;
+    for (std::size_t b = 0; b < b_; ++b) {
+      const std::size_t o = b * t_ * cl, w = t_ * cl;
+      if (ring_) {
+        ring_->template forward<float>({a.q + o, w}, {a.k + o, w}, {a.v + o, w}, {a.attn + o, w},
+                                       {a.lse + b * t_ * h, t_ * h});
+        continue;
+      }
+      k_.attention_forward(a.q + o, a.k + o, a.v + o, sequence_positions_.get(), sequence_positions_.get(), t_, t_, h,
+                           d, softmax_scale(), true, a.attn + o, a.lse + b * t_ * h);
+    }
+    if constexpr (is_bf16) k_.convert(a.attn, a.attn_products, n_ * cl);
   }
 
   /// The output gradients of layer j of `chunk` in `slot` that its weight gradients read: the
@@ -887,6 +918,7 @@ class one_gpu_model {
   model_storage storage_;
   weft::tp::vocab_partition vocab_block_;  // the rows of wte this rank holds
   bool split_backward_ = false;            // zb-h1: weight() adds the layers' weight gradients
+  weft::tune::recompute recompute_ = weft::tune::recompute::none;
   std::vector<const float*> read_;         // each parameter's fp32 values (with units: bound per scope)
   std::function<void(int, scope_event)> on_scope_;  // units only
   std::vector<std::size_t> offsets_;       // each parameter's place in the parameter buffer

@@ -290,7 +290,7 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
                           .cp = &cp,
                           .embedding = embedding,
                           .model = &model_group},
-                         slots, split_backward);
+                         slots, split_backward, r.choice.recompute_mode);
   if (units) {
     bound = &model;
     model.on_scope([&](int group, scope_event e) {
