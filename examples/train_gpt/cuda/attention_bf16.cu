@@ -122,6 +122,45 @@ __device__ inline std::int64_t warp_min(std::int64_t x) {
   return x;
 }
 
+/// The block's extreme of the warps' values (`mine`, the same in all lanes of a warp): the largest,
+/// or with `smallest` the smallest. Every thread of the block calls it.
+__device__ inline std::int64_t block_extreme(std::int64_t* shared, std::int64_t mine, bool smallest) {
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  if (threadIdx.x % 32 == 0) shared[warp] = mine;
+  __syncthreads();
+  std::int64_t x = shared[0];
+  for (int w = 1; w < warps; ++w) x = (smallest ? shared[w] < x : shared[w] > x) ? shared[w] : x;
+  return x;
+}
+
+/// Stages the block's next tile of keys and values (rows j0.. of k and v, head h) as bf16, and
+/// their positions in kp (INT64_MAX past nk); false, with nothing staged, when every key of the
+/// tile is after `latest` (the block's latest query position). Every thread of the block calls it.
+template <int D>
+__device__ bool stage_key_tile(bf16* keys, bf16* values, std::int64_t* kp, const float* k, const float* v,
+                               const std::int64_t* k_pos, std::size_t j0, std::size_t nk, std::size_t stride,
+                               std::size_t h, int d, bool causal, std::int64_t latest) {
+  __syncthreads();  // every warp is done with the previous tile
+  bool seen = false;
+  if (threadIdx.x < tile) {
+    const std::size_t j = j0 + threadIdx.x;
+    kp[threadIdx.x] = j < nk ? k_pos[j] : INT64_MAX;
+    seen = j < nk && !hidden(causal, kp[threadIdx.x], latest);
+  }
+  if (!__syncthreads_or(seen)) return false;
+  stage_rows<D>(keys, k, j0, nk, stride, h, d, tile, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x));
+  stage_rows<D>(values, v, j0, nk, stride, h, d, tile, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x));
+  __syncthreads();
+  return true;
+}
+
+/// Whether a query at `latest` (a warp's latest) sees any key of the staged tile; warp-uniform.
+__device__ inline bool warp_sees_keys(const std::int64_t* kp, std::size_t j0, std::size_t nk, bool causal,
+                                      std::int64_t latest, int lane) {
+  return __any_sync(full_mask, (j0 + lane < nk && !hidden(causal, kp[lane], latest)) ||
+                                   (j0 + lane + 32 < nk && !hidden(causal, kp[lane + 32], latest)));
+}
+
 /// The warp's 16 x tile product `out` (fp32, row stride tile) = A B^T, A the warp's rows in
 /// fragments, B the staged tile (row stride D): scores against each of the tile's rows.
 template <int D>
@@ -213,26 +252,12 @@ __global__ void __launch_bounds__(warps * 32)
   const bool valid = i < nq;
   const std::int64_t my_pos = valid ? q_pos[i] : INT64_MIN;
   const std::int64_t warp_latest = warp_max(my_pos);
-  if (lane == 0) latest[warp] = warp_latest;
-  __syncthreads();
-  std::int64_t block_latest = latest[0];
-  for (int w = 1; w < warps; ++w) block_latest = latest[w] > block_latest ? latest[w] : block_latest;
+  const std::int64_t block_latest = block_extreme(latest, warp_latest, false);
   float m = -INFINITY, l = 0.0f;
   for (std::size_t j0 = 0; j0 < nk; j0 += tile) {
-    __syncthreads();  // every warp is done with the previous tile
-    bool seen = false;
-    if (threadIdx.x < tile) {
-      const std::size_t j = j0 + threadIdx.x;
-      kp[threadIdx.x] = j < nk ? k_pos[j] : INT64_MAX;
-      seen = j < nk && !hidden(causal, kp[threadIdx.x], block_latest);
-    }
-    if (!__syncthreads_or(seen)) continue;  // every key of the tile is after every query of the block
-    stage_rows<D>(keys, k, j0, nk, stride, h, d, tile, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x));
-    stage_rows<D>(values, v, j0, nk, stride, h, d, tile, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x));
-    __syncthreads();
-    const bool warp_sees = __any_sync(full_mask, (j0 + lane < nk && !hidden(causal, kp[lane], warp_latest)) ||
-                                                     (j0 + lane + 32 < nk && !hidden(causal, kp[lane + 32], warp_latest)));
-    if (!warp_sees) continue;
+    // Skipped: a tile whose every key is after every query of the block, or of the warp.
+    if (!stage_key_tile<D>(keys, values, kp, k, v, k_pos, j0, nk, stride, h, d, causal, block_latest)) continue;
+    if (!warp_sees_keys(kp, j0, nk, causal, warp_latest, lane)) continue;
     rows_times_tile<D>(scores, qa, keys);
     __syncwarp();
     // Online softmax over the tile: the masked, scaled scores, the new running maximum, the
@@ -330,10 +355,7 @@ __global__ void __launch_bounds__(warps * 32)
   const bool valid = j < nk;
   const std::int64_t my_pos = valid ? k_pos[j] : INT64_MAX;
   const std::int64_t warp_earliest = warp_min(my_pos);
-  if (lane == 0) earliest[warp] = warp_earliest;
-  __syncthreads();
-  std::int64_t block_earliest = earliest[0];
-  for (int w = 1; w < warps; ++w) block_earliest = earliest[w] < block_earliest ? earliest[w] : block_earliest;
+  const std::int64_t block_earliest = block_extreme(earliest, warp_earliest, true);
   for (std::size_t i0 = 0; i0 < nq; i0 += tile) {
     __syncthreads();
     bool seen = false;
@@ -408,25 +430,10 @@ __global__ void __launch_bounds__(warps * 32)
   const float my_lse = valid ? lse[i * heads + h] : -INFINITY;
   const float my_delta = valid ? delta[i * heads + h] : 0.0f;
   const std::int64_t warp_latest = warp_max(my_pos);
-  if (lane == 0) latest[warp] = warp_latest;
-  __syncthreads();
-  std::int64_t block_latest = latest[0];
-  for (int w = 1; w < warps; ++w) block_latest = latest[w] > block_latest ? latest[w] : block_latest;
+  const std::int64_t block_latest = block_extreme(latest, warp_latest, false);
   for (std::size_t j0 = 0; j0 < nk; j0 += tile) {
-    __syncthreads();
-    bool seen = false;
-    if (threadIdx.x < tile) {
-      const std::size_t j = j0 + threadIdx.x;
-      kp[threadIdx.x] = j < nk ? k_pos[j] : INT64_MAX;
-      seen = j < nk && !hidden(causal, kp[threadIdx.x], block_latest);
-    }
-    if (!__syncthreads_or(seen)) continue;
-    stage_rows<D>(keys, k, j0, nk, stride, h, d, tile, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x));
-    stage_rows<D>(values, v, j0, nk, stride, h, d, tile, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x));
-    __syncthreads();
-    const bool warp_sees = __any_sync(full_mask, (j0 + lane < nk && !hidden(causal, kp[lane], warp_latest)) ||
-                                                     (j0 + lane + 32 < nk && !hidden(causal, kp[lane + 32], warp_latest)));
-    if (!warp_sees) continue;
+    if (!stage_key_tile<D>(keys, values, kp, k, v, k_pos, j0, nk, stride, h, d, causal, block_latest)) continue;
+    if (!warp_sees_keys(kp, j0, nk, causal, warp_latest, lane)) continue;
     rows_times_tile<D>(scores, qa, keys);    // S = Q K^T
     rows_times_tile<D>(dprobs, oa, values);  // dP = dO V^T
     __syncwarp();
