@@ -25,6 +25,12 @@
 
 #include "detail.cuh"
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+// Compiled for a GPU without bf16 tensor cores, the kernels are traps (kernels::kernels refuses
+// attention_math::tensor_cores_bf16 there) and their helpers go unused.
+#pragma nv_diag_suppress 177
+#endif
+
 namespace train_gpt::cuda::detail {
 
 namespace {
