@@ -93,9 +93,9 @@ struct model_storage {
 /// fp32 activations) or bf16 (--precision bf16: a bf16 copy of the parameters, refreshed
 /// after each optimizer step, and bf16 activations, every product accumulating in fp32). What
 /// bf16 would spoil stays fp32 either way: layer norm's statistics and sums, attention's softmax
-/// and sums (its q, k, v and output are fp32 around it; with bf16, kernels built with
-/// attention_math::tensor_cores_bf16 round its products' operands to bf16 for the tensor cores), the logits
-/// and the loss, the embeddings' lookup and gradient sums, the gradients and AdamW.
+/// and sums (its q, k, v and output are fp32 around it; in bf16 the trainer's kernels, built with
+/// attention_math::tensor_cores_bf16, round its products' operands to bf16 for the tensor cores),
+/// the logits and the loss, the embeddings' lookup and gradient sums, the gradients and AdamW.
 template <class T>
 class one_gpu_model {
   static constexpr bool is_bf16 = std::is_same_v<T, bf16>;
@@ -323,7 +323,8 @@ class one_gpu_model {
       const std::vector<float> host = local_of_whole(lookup);
       float* moments = which == state::exp_avg ? m1_.get() : m2_.get();
       for (const state_segment& seg : storage_.optimizer)
-        WEFT_CHECK_CUDA(cudaMemcpyAsync(moments + seg.state_offset, host.data() + offsets_[seg.param] + seg.param_offset,
+        WEFT_CHECK_CUDA(cudaMemcpyAsync(moments + seg.state_offset,
+                                        host.data() + offsets_[seg.param] + seg.param_offset,
                                         seg.count * sizeof(float), cudaMemcpyHostToDevice, k_.stream()));
       WEFT_CHECK_CUDA(cudaStreamSynchronize(k_.stream()));  // before `host` goes
       return;
@@ -335,7 +336,8 @@ class one_gpu_model {
   /// gradients (place_gradient_shard: where the reduce-scatter left them), copied into `full`
   /// (device, the storage's layout) at the shard's segments; the rest of `full` is not written.
   void place_moment_shard(state which, float* full) const {
-    if (which == state::params || !storage_.sharded) throw std::logic_error("train_gpt: place_moment_shard without a moment shard");
+    if (which == state::params || !storage_.sharded)
+      throw std::logic_error("train_gpt: place_moment_shard without a moment shard");
     const float* moments = which == state::exp_avg ? m1_.get() : m2_.get();
     place_shard(full, [&](const state_segment& seg) { return moments + seg.state_offset; });
   }
@@ -734,9 +736,8 @@ class one_gpu_model {
     T *attn_products, *x2, *ln2, *fc, *gelu;
     float *mean1, *rstd1, *mean2, *rstd2;
   };
-  /// Layer j of `chunk`'s activations in `slot`.
-  /// (The residual stream is every layer's; with recomputation the rest is one layer's set, la
-  /// and l below 0.)
+  /// Layer j of `chunk`'s activations in `slot`. With recomputation what it rebuilds is one
+  /// layer's set (index 0: l with full, la with either); the residual stream is every layer's.
   layer_view view(std::size_t slot, int chunk, std::size_t j) const {
     const std::size_t nc = n_ * c_, ncl = n_ * cl_, rc = rows_ * c_;
     const std::size_t kept = (slot * chunks_ + static_cast<std::size_t>(chunk)) * layers_ + j;

@@ -197,9 +197,10 @@ class kernels {
   // ---- causal attention (attention.cu) --------------------------------------------------------
 
   /// A flash-style kernel (Dao et al.): scores never leave the chip; online softmax over key
-  /// tiles; on the tensor cores under attention_math::tensor_cores_bf16. q [nq, heads, head_dim], k and v [nk, heads, head_dim], out likewise, lse [nq, heads];
-  /// positions are device int64 arrays; with `causal`, query i sees key j when
-  /// k_pos[j] <= q_pos[i] (a row that sees none gets out 0, lse -inf). head_dim <= 128.
+  /// tiles; on the tensor cores under attention_math::tensor_cores_bf16. q [nq, heads, head_dim],
+  /// k and v [nk, heads, head_dim], out likewise, lse [nq, heads]; positions are device int64
+  /// arrays; with `causal`, query i sees key j when k_pos[j] <= q_pos[i] (a row that sees none
+  /// gets out 0, lse -inf). head_dim <= 128.
   void attention_forward(const float* q, const float* k, const float* v, const std::int64_t* q_pos,
                          const std::int64_t* k_pos, std::size_t nq, std::size_t nk, std::size_t heads,
                          std::size_t head_dim, float scale, bool causal, float* out, float* lse);
