@@ -15,13 +15,15 @@ bf16: --precision bf16 against --precision fp32 on the GPU, from the same weight
   not from a run:
   1. the first step's loss within 2e-3 relative. At initialisation the logits are about
      0.02 x sqrt(64) = 0.16 (wte's N(0, 0.02) against a normalised h); h and wte rounded to bf16,
-     and h carrying the roundings of the two layers before it (about ten, of u each), put each
+     and h carrying the roundings of the two layers before it (about ten, of u each; attention on
+     the tensor cores adds its operands', q, k, v and the probabilities, among them), put each
      logit within about 10 u x 0.16 = 3e-3 of fp32's; a row's loss moves by at most twice its
      largest logit error (6e-3 of 5.5 nats, 1e-3 relative), and the mean over 128 rows averages
      those errors' signs: 2e-3 is twice the worst case;
   2. every gradient within 0.1 of the tensor's largest element: a gradient collects about twenty
-     roundings on its way back from the loss (each product's bf16 output and the residual
-     stream's bf16 gradient), about 20 u = 4 % at worst; 0.1 leaves a margin, and a wrong term,
+     roundings on its way back from the loss (each product's bf16 output, the residual stream's
+     bf16 gradient, and attention's bf16 operands: dout, the probabilities and their gradients),
+     about 20 u = 4 % at worst; 0.1 leaves a margin, and a wrong term,
      index or missing conversion is off by the gradient's own size. The gradients must also differ
      from fp32's by more than 1e-5 of the largest (fp32 runs repeat to the bit: a bf16 run equal
      to fp32 would not be computing in bf16);
