@@ -22,15 +22,19 @@ What to expect in bf16 (before a GPU has run it): a step of 8 x 1024 tokens is 7
 convention. The bf16 products (cuBLASLt, fp32 accumulation) are 6.1 TFLOP of it, about 10 ms at
 600 TFLOP/s; the memory-bound kernels (layer norm, GELU, residual adds, the conversions around
 attention and the loss, the loss over 8 x 1024 x 50304 fp32 logits, AdamW) move a few tens of GB,
-about 10 ms at 4 TB/s. Attention is train_gpt's own flash-style kernel in fp32 on CUDA cores (one
-thread a query row, no tensor cores): about 0.55 TFLOP of causal work forward and backward, at the
-5-15 TFLOP/s such a kernel reaches, 40-110 ms. It dominates the step, so the expectation is
-roughly 60-130 ms a step, 60-140 k tokens/s, about 5-12 % MFU: far below the 45 % target, which
-needs attention on the tensor cores (cuDNN's fused attention or a bf16 flash kernel with MMA
-instructions), after which the products and the memory-bound kernels leave about 20 ms a step
-(roughly 35 % MFU) before fusing them.
+about 10 ms at 4 TB/s. Attention is about 0.55 TFLOP of causal work forward and backward: on
+train_gpt's fp32 flash-style kernel (CUDA cores, one thread a query row), at the 5-15 TFLOP/s such
+a kernel reaches, 40-110 ms, so in bf16 it runs on the tensor cores instead
+(attention_bf16.cu, WMMA): at 100-200 TFLOP/s, 3-6 ms, a step of about 25 ms, 25-30 % MFU. The 45 %
+target (15.7 ms a step) needs the memory-bound kernels fused as well. These are estimates until a
+GPU has run it.
+
+PyTorch on the same GPU (torch_gpt2.py: the same model, batch and precision, eager, scaled dot
+product attention) runs after it where this Python has PyTorch with CUDA, and the ratio of the two
+tokens/s is printed; otherwise a line says why it did not run (--no-pytorch leaves it out).
 """
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -43,6 +47,7 @@ def main():
     parser.add_argument("--micro-batch", type=int, default=8)
     parser.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
     parser.add_argument("--peak-tflops", type=float, default=989.0)
+    parser.add_argument("--no-pytorch", action="store_true", help="leave PyTorch's run out")
     args = parser.parse_args()
     layers, hidden, seq, vocab, positions = 12, 768, 1024, 50257, 1024
     params = vocab * hidden + positions * hidden + layers * (12 * hidden * hidden + 13 * hidden) + 2 * hidden
@@ -68,6 +73,23 @@ def main():
           f"{precision.group(1) if precision else '?'}: median step {step_ms:.1f} ms, {tokens_per_s:.0f} tokens/s, "
           f"{flop_per_token / 1e9:.3f} GFLOP a token, {tflops:.1f} TFLOP/s, MFU {100 * tflops / args.peak_tflops:.1f} % "
           f"of {args.peak_tflops:.0f} TFLOP/s (llm.c's GPT-2 124M: about 52 % on A100s; the target 45 %)")
+    # PyTorch on the same GPU, the same model, batch and precision (torch_gpt2.py), where this
+    # Python has PyTorch with CUDA; said as not run otherwise.
+    if not args.no_pytorch:
+        torch_command = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_gpt2.py"),
+                         "--steps", str(args.steps), "--micro-batch", str(args.micro_batch), "--seq", str(seq),
+                         "--precision", args.precision, "--peak-tflops", str(args.peak_tflops)]
+        t = subprocess.run(torch_command, capture_output=True, text=True)
+        line = next((l for l in t.stdout.splitlines() if l.startswith("pytorch:")), None)
+        if t.returncode == 0 and line:
+            print("gpu train: " + line)
+            theirs = re.search(r" ([0-9.]+) tokens/s", line)
+            if theirs:
+                print(f"gpu train: train_gpt / PyTorch tokens/s: {tokens_per_s / float(theirs.group(1)):.2f}")
+        elif t.returncode == 2 and line:
+            print("gpu train: " + line)
+        else:
+            print(f"gpu train: pytorch: failed (exit {t.returncode}): " + (t.stdout + t.stderr)[-1500:])
     print("gpu train: done")
     return 0
 
