@@ -126,3 +126,60 @@ TEST_CASE("ring attention refuses what it cannot do, on every rank, before sendi
   }
   group.barrier();  // and the group is still usable
 }
+
+namespace {
+
+/// The CPU reference with the ordering members of weft::cp::orders_transfers, counting their
+/// calls; after_transfer waits on the host, where this kernel's later work runs.
+struct ordered_reference : cp::reference_attention {
+  struct calls {
+    int before = 0, after = 0;
+  };
+  calls* seen = nullptr;
+  void before_transfer(comm_t&) const { ++seen->before; }
+  void after_transfer(weft::mpi_backend::request& r) const {
+    ++seen->after;
+    r.wait();
+  }
+};
+static_assert(cp::orders_transfers<ordered_reference, weft::mpi_backend>);
+static_assert(!cp::orders_transfers<cp::reference_attention, weft::mpi_backend>);
+
+}  // namespace
+
+TEST_CASE("ring attention with a kernel that orders its transfers gives the host-waited results", "[cp][ring]") {
+  auto group = cp_group();
+  const int n = group.size();
+  const cp::sequence_split split{.seq = 8 * n, .cp = n, .kind = cp::split_kind::load_balanced};
+  const cp::attention_shape shape{2, 4};
+  ordered_reference::calls seen;
+  cp::ring_attention<weft::mpi_backend> plain(group, split, shape);
+  ordered_reference kernel;
+  kernel.seen = &seen;
+  cp::ring_attention<weft::mpi_backend, ordered_reference> ordered(group, split, shape, {}, kernel);
+  const std::size_t local = plain.local_tokens() * shape.row(), lse_size = plain.local_tokens() * shape.heads;
+  const auto q = cp_test::random_tensor(local, 21 + group.rank()), k = cp_test::random_tensor(local, 31 + group.rank()),
+             v = cp_test::random_tensor(local, 41 + group.rank()), dout = cp_test::random_tensor(local, 51 + group.rank());
+  struct results {
+    std::vector<double> out, lse, dq, dk, dv;
+  };
+  auto run = [&](auto& ring) {
+    results r{std::vector<double>(local), std::vector<double>(lse_size), std::vector<double>(local),
+              std::vector<double>(local), std::vector<double>(local)};
+    for (int pass = 0; pass < 2; ++pass) {  // twice: the second starts with the first's transfers retired
+      ring.template forward<double>(q, k, v, r.out, r.lse);
+      ring.template backward<double>(q, k, v, r.out, r.lse, dout, r.dq, r.dk, r.dv);
+    }
+    return r;
+  };
+  const results want = run(plain), got = run(ordered);
+  // The same operations in the same order: equal to the bit.
+  CHECK(got.out == want.out);
+  CHECK(got.lse == want.lse);
+  CHECK(got.dq == want.dq);
+  CHECK(got.dk == want.dk);
+  CHECK(got.dv == want.dv);
+  // Per pass: forward's n - 1 hops of K/V; backward's n - 1 of K/V and n of the accumulators.
+  CHECK(seen.before == (n == 1 ? 0 : 2 * ((n - 1) + (n - 1) + n)));
+  CHECK(seen.after == seen.before);
+}

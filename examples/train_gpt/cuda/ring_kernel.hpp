@@ -3,8 +3,11 @@
 // weft::cp::ring_attention (its attention_kernel concept on device memory). The ring hands the
 // kernel host spans of global positions, one load-balanced chunk at a time, so each is a run of
 // consecutive positions: the kernel passes the device array 0, 1, ..., seq - 1 from the chunk's
-// first position. Every launch, the scratch memory included, is on the compute stream, which the
-// cp communicator also uses, so the ring's sends and receives are ordered with the computation.
+// first position. Every launch, the scratch memory included, is on the compute stream; the ring's
+// sends and receives run on the cp communicator's own stream, ordered with the computation by
+// events (weft::cp::orders_transfers: each transfer after the work queued before it, the work
+// after it waiting for it), so the next block travels while this one is attended, and the host
+// waits for neither.
 //
 // Plain C++ (g++ compiles it); the kernels are kernels.hpp's.
 
@@ -17,9 +20,13 @@
 #include <string>
 #include <utility>
 
-#include <weft/backend/cuda/check.hpp>
 #include <weft/backend/backend.hpp>
+#include <weft/backend/cuda/check.hpp>
+#include <weft/backend/cuda/event.hpp>
+#include <weft/backend/nccl/backend.hpp>
+#include <weft/comm/communicator.hpp>
 #include <weft/cp/attention_reference.hpp>
+#include <weft/cp/ring_attention.hpp>
 
 #include "kernels.hpp"
 
@@ -74,6 +81,14 @@ struct ring_kernel {
                          static_cast<float>(weft::cp::softmax_scale(shape, options)), options.causal, out.data(),
                          lse.data());
   }
+  /// weft::cp::orders_transfers: the cp communicator's stream waits for the compute stream's queued
+  /// work (what a transfer sends is written, the slots it receives into are read), and the compute
+  /// stream's later work waits for the transfer.
+  void before_transfer(weft::communicator<weft::nccl_backend>& group) const {
+    weft::cuda::wait_for_stream(group.native().stream(), k->stream());
+  }
+  void after_transfer(const weft::nccl::request& r) const { r.make_stream_wait(k->stream()); }
+
   /// Rows x heads fold together: the merge needs only each (row, head)'s vector length.
   void merge(std::span<float> out, std::span<float> lse, std::span<const float> block_out,
              std::span<const float> block_lse) const {
@@ -104,5 +119,6 @@ struct ring_kernel {
 };
 
 static_assert(weft::cp::attention_kernel<ring_kernel, float>);
+static_assert(weft::cp::orders_transfers<ring_kernel, weft::nccl_backend>);
 
 }  // namespace train_gpt::cuda

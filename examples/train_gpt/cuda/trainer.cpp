@@ -180,10 +180,12 @@ int train(const options& o, const gpt_config& m, const run_layout& r, const corp
   const weft::layout::rank_coordinates coords = groups.coordinates();
   const weft::layout::layout_spec& d = r.degrees();
   const model_place place = place_of(coords, d);
-  // The sums over tp sit between kernels of one micro-batch, and so do the ring's transfers over
-  // cp, the pipeline's between stages and the tied embedding's sum: each on the compute stream
-  // itself, ordered with the kernels that make and use their data.
-  for (nccl_comm* c : {&tp, &cp, &pp, &model_group, embedding})
+  // The sums over tp sit between kernels of one micro-batch, and so do the pipeline's transfers
+  // between stages and the tied embedding's sum: each on the compute stream itself, ordered with
+  // the kernels that make and use their data. The ring's transfers over cp keep the cp
+  // communicator's own stream, ordered by the ring's kernel with events (ring_kernel.hpp), so the
+  // next key/value block travels while this one is attended.
+  for (nccl_comm* c : {&tp, &pp, &model_group, embedding})
     if (c != nullptr && c->size() > 1) c->native().use_stream(stream.get());
   // bf16: attention on the tensor cores too (fp32 keeps the CUDA cores' kernels, whose results agree
   // with the CPU trainer's to rounding).

@@ -20,6 +20,13 @@
 /// default, a trainer's own (device) kernel otherwise. The kernel must work on the memory of the
 /// backend's buffers; the CPU reference with the NCCL backend is refused at compile time.
 ///
+/// Each transfer is waited for before the computation that reads what it received (and before
+/// the slots it used are reused). By default the host waits. A kernel whose work runs in an
+/// order of its own (a GPU kernel on its compute stream, the communicator on another) can say so
+/// with `before_transfer(group)` and `after_transfer(request)` (orders_transfers below): then each
+/// transfer is queued after the kernel's work and the kernel's later work waits for it, the host
+/// waiting for nothing, so a transfer runs beside the computation on the block in use.
+///
 /// Collective: every rank of the cp group calls the same members in the same order.
 
 #include <array>
@@ -42,6 +49,16 @@
 #include <weft/cp/causal_split.hpp>
 
 namespace weft::cp {
+
+/// A kernel that orders the ring's transfers with its own work, without the host:
+/// `before_transfer(group)` makes the group's next operations wait for the work the kernel has
+/// queued (the data they send written, the buffers they receive into no longer read), and
+/// `after_transfer(request)` makes the kernel's later work wait for that operation.
+template <class K, class B>
+concept orders_transfers = requires(const K& kernel, communicator<B>& group, typename B::request& r) {
+  kernel.before_transfer(group);
+  kernel.after_transfer(r);
+};
 
 namespace detail {
 
@@ -118,6 +135,7 @@ class ring_attention {
 
     const int n = group.size(), rank = group.rank();
     const int next = (rank + 1) % n, prev = (rank - 1 + n) % n;
+    retire_completed();
     kernel_.fill(out, T(0));
     kernel_.fill(lse, static_cast<T>(-std::numeric_limits<double>::infinity()));
     auto block_out = kernel_.template allocate<T>(n_tok);
@@ -136,16 +154,18 @@ class ring_attention {
       const bool more = step + 1 < n;
       auto& next_k = k_slot[static_cast<std::size_t>(step % 2)];
       auto& next_v = v_slot[static_cast<std::size_t>(step % 2)];
-      if (more)
+      if (more) {
+        before_transfer(group);
         incoming = group.batch()
                        .send(cur_k, next)
                        .send(cur_v, next)
                        .recv(std::span<T>(next_k), prev)
                        .recv(std::span<T>(next_v), prev)
                        .run_async();
+      }
       attend(q, cur_k, cur_v, owner, out, lse, block_out, block_lse);
       if (more) {
-        incoming.wait();
+        consume(std::move(incoming));
         cur_k = std::span<const T>(next_k);
         cur_v = std::span<const T>(next_v);
       }
@@ -172,6 +192,7 @@ class ring_attention {
 
     const int n = group.size(), rank = group.rank();
     const int next = (rank + 1) % n, prev = (rank - 1 + n) % n;
+    retire_completed();
     kernel_.fill(dq, T(0));
     if (n == 1) {
       kernel_.fill(dk, T(0));
@@ -192,28 +213,31 @@ class ring_attention {
       const bool more = step + 1 < n;
       const auto slot = static_cast<std::size_t>(step % 2);
       typename B::request kv_incoming;
-      if (more)
+      if (more) {
+        before_transfer(group);
         kv_incoming = group.batch()
                           .send(cur_k, next)
                           .send(cur_v, next)
                           .recv(std::span<T>(k_slot[slot]), prev)
                           .recv(std::span<T>(v_slot[slot]), prev)
                           .run_async();
+      }
       attend_backward(q, cur_k, cur_v, owner, out, lse, dout, dq, std::span<T>(dk_slot[acc]),
                       std::span<T>(dv_slot[acc]));
       // The accumulators go on with their block. After the last step each goes home: the block
       // the previous rank held last is this rank's own, and its accumulators land in dk and dv.
       std::span<T> in_dk = more ? std::span<T>(dk_slot[1 - acc]) : dk;
       std::span<T> in_dv = more ? std::span<T>(dv_slot[1 - acc]) : dv;
-      group.batch()
-          .send(std::span<const T>(dk_slot[acc]), next)
-          .send(std::span<const T>(dv_slot[acc]), next)
-          .recv(in_dk, prev)
-          .recv(in_dv, prev)
-          .run();
+      before_transfer(group);
+      consume(group.batch()
+                  .send(std::span<const T>(dk_slot[acc]), next)
+                  .send(std::span<const T>(dv_slot[acc]), next)
+                  .recv(in_dk, prev)
+                  .recv(in_dv, prev)
+                  .run_async());
       acc = 1 - acc;
       if (more) {
-        kv_incoming.wait();
+        consume(std::move(kv_incoming));
         cur_k = std::span<const T>(k_slot[slot]);
         cur_v = std::span<const T>(v_slot[slot]);
       }
@@ -221,6 +245,27 @@ class ring_attention {
   }
 
  private:
+  static constexpr bool kernel_orders_transfers = orders_transfers<Kernel, B>;
+
+  /// Queues the group's next transfer after the kernel's work (nothing to do when the host waits).
+  void before_transfer(communicator<B>& group) {
+    if constexpr (kernel_orders_transfers) kernel_.before_transfer(group);
+  }
+  /// Makes what follows wait for `r`: the kernel's later work (r then kept until it is seen
+  /// complete), or the host.
+  void consume(typename B::request r) {
+    if constexpr (kernel_orders_transfers) {
+      kernel_.after_transfer(r);
+      in_flight_.push_back(std::move(r));
+    } else {
+      r.wait();
+    }
+  }
+  /// Lets go of the transfers seen complete; never blocks (a failed one throws here).
+  void retire_completed() {
+    std::erase_if(in_flight_, [](typename B::request& r) { return r.test(); });
+  }
+
   static std::string where(const communicator<B>& group) {
     return "ring attention on group '" + group.name() + "' (rank " + std::to_string(group.rank()) + " of " +
            std::to_string(group.size()) + ")";
@@ -298,6 +343,9 @@ class ring_attention {
   Kernel kernel_;
   std::vector<std::vector<segment>> segments_;
   std::vector<std::vector<std::int64_t>> positions_;
+  /// With a kernel that orders transfers: the transfers its work waits for, until seen complete
+  /// (a pending one is waited for when the ring is destroyed).
+  std::vector<typename B::request> in_flight_;
 };
 
 }  // namespace weft::cp
