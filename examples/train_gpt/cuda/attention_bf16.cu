@@ -252,6 +252,7 @@ __global__ void __launch_bounds__(warps * 32)
   a_rows qa[D / 16];
   load_warp_rows<D>(qa, reinterpret_cast<bf16*>(scores), q, first, nq, stride, h, d, lane);
   for (int idx = lane; idx < warp_rows * D; idx += 32) output[idx] = 0.0f;
+  __syncwarp();  // every lane reads rows the others zeroed
   // Lanes 2r and 2r + 1 own row r: its statistics (the same in both), and half of its columns.
   const int r = lane / 2, half = lane % 2;
   const std::size_t i = first + static_cast<std::size_t>(r);
@@ -316,7 +317,7 @@ __global__ void __launch_bounds__(warps * 32)
   if (!valid) return;
   const float inv = l > 0.0f ? 1.0f / l : 0.0f;
   for (int e = half * (D / 2); e < (half + 1) * (D / 2); ++e)
-    if (e < d) out[i * stride + h * d + e] = output[r * D + e] * inv;
+    if (e < d) out[i * stride + h * d + e] = l > 0.0f ? output[r * D + e] * inv : 0.0f;
   if (half == 0) lse[i * heads + h] = l > 0.0f ? m + logf(l) : -INFINITY;
 #endif
 }
