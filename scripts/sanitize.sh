@@ -127,18 +127,20 @@ only_tracer_crashes() {
   crashed="$(tracer_crashes "$1" | sort)"
   if [ -n "$crashed" ] && [ "$failed" = "$crashed" ]; then echo "$crashed"; fi
 }
+# exactly NAME...: the alternation that matches those test names only (dots literal).
+exactly() { printf '%s\n' "$@" | sed 's/[.]/[.]/g' | paste -sd'|'; }
 run_tests() {
   local out rc=0 crashed again
   out="$(mktemp)"
   ctest_run "$@" | tee "$out" || rc=$?
   if [ "$rc" != 0 ] && crashed="$(only_tracer_crashes "$out")" && [ -n "$crashed" ]; then
-    again="$(printf '%s\n' $crashed | sed 's/[.]/[.]/g' | paste -sd'|')"
+    again="$(exactly $crashed)"
     echo "sanitize.sh $kind: LeakSanitizer's tracer crashed at the exit of $(echo $crashed); running them once more, with its thread log"
     rc=0
     (export LSAN_OPTIONS="${LSAN_OPTIONS:-}:verbosity=1:log_threads=1"
      ctest_run --tests-regex "^($again)\$") | tee "$out" || rc=$?
     if [ "$rc" != 0 ] && crashed="$(only_tracer_crashes "$out")" && [ -n "$crashed" ]; then
-      again="$(printf '%s\n' $crashed | sed 's/[.]/[.]/g' | paste -sd'|')"
+      again="$(exactly $crashed)"
       echo "sanitize.sh $kind: the tracer crashed again at the exit of $(echo $crashed); running them without the leak check (every other check on): leak check NOT RUN for $(echo $crashed)"
       rc=0
       (export ASAN_OPTIONS="${ASAN_OPTIONS/detect_leaks=1/detect_leaks=0}"
