@@ -95,6 +95,13 @@ def main():
         return 2
     if args.steps < 3:
         parser.error("--steps must be at least 3 (two warm up)")
+    for flag in ("micro_batch", "seq", "layers", "hidden", "heads", "vocab"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be at least 1, not {getattr(args, flag)}")
+    if args.hidden % args.heads != 0:
+        parser.error(f"--hidden {args.hidden} is not a multiple of --heads {args.heads}")
+    if not args.peak_tflops > 0:
+        parser.error(f"--peak-tflops must be positive, not {args.peak_tflops}")
     device = torch.device(args.device)
     torch.manual_seed(0)
     model = GPT(args.layers, args.hidden, args.heads, args.vocab, args.seq).to(device)
