@@ -12,7 +12,8 @@ accumulation, the norms and the loss in fp32), attention through F.scaled_dot_pr
 training loop gets. Random tokens (the timing does not depend on them). Steps are timed with the
 device synchronized around each; the first two warm up and are left out; the median is reported,
 with the FLOP convention of gpu_train.py (6 N per token plus 12 L T C). Prints one line starting
-with `pytorch:`; exits 2 when PyTorch or its CUDA is missing (the caller reports it as not run).
+with `pytorch:`; exits 2 when PyTorch or its CUDA is missing (the caller reports it as not run),
+1 with one line on stderr for a bad argument.
 """
 import argparse
 import math
@@ -77,8 +78,16 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Bad arguments end in one line on stderr and exit 1: argparse's own exit 2 (after the usage)
+    is this script's "not run", which the caller reports as PyTorch missing."""
+
+    def error(self, message):
+        sys.exit(f"torch_gpt2.py: {message}")
+
+
 def main():
-    parser = argparse.ArgumentParser()
+    parser = OneLineParser()
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--micro-batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=1024)
@@ -90,9 +99,6 @@ def main():
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--vocab", type=int, default=50257)
     args = parser.parse_args()
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print(f"pytorch: not run: PyTorch {torch.__version__} sees no CUDA device")
-        return 2
     if args.steps < 3:
         parser.error("--steps must be at least 3 (two warm up)")
     for flag in ("micro_batch", "seq", "layers", "hidden", "heads", "vocab"):
@@ -102,6 +108,9 @@ def main():
         parser.error(f"--hidden {args.hidden} is not a multiple of --heads {args.heads}")
     if not args.peak_tflops > 0:
         parser.error(f"--peak-tflops must be positive, not {args.peak_tflops}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print(f"pytorch: not run: PyTorch {torch.__version__} sees no CUDA device")
+        return 2
     device = torch.device(args.device)
     torch.manual_seed(0)
     model = GPT(args.layers, args.hidden, args.heads, args.vocab, args.seq).to(device)
