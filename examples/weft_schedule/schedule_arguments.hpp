@@ -33,8 +33,9 @@ inline constexpr std::string_view usage_text =
     "Exit status: 0 valid, 1 refused schedule or costs, 2 bad command line.\n";
 
 /// The most actions (forward, backward and weight passes over all ranks) weft-schedule builds and
-/// simulates: 2.3 s of CPU and 150 MB (3.4 s, 600 MB and 250 MB of output with --json). More is no schedule anyone
-/// reads, and 4096 stages x 65536 micro-batches x 1024 chunks would ask for 5.5e11.
+/// simulates: up to 4 s of CPU and 460 MB (gpipe, 4096 x 256; with --json 5.5 s, 960 MB and 250 MB
+/// of output). More is no schedule anyone reads, and 4096 stages x 65536 micro-batches x 1024
+/// chunks would ask for 5.5e11.
 inline constexpr std::int64_t max_actions = std::int64_t{1} << 21;
 /// Per-action costs: with max_actions, every finish time stays far inside 64 bits.
 inline constexpr std::int64_t max_cost = std::int64_t{1} << 30;

@@ -277,7 +277,7 @@ TEST_CASE("the exchange plan follows each sender's order", "[pipeline][executor]
   const wp::schedule s = make(wp::schedule_kind::interleaved, 2, 4);
   for (int rank = 0; rank < 2; ++rank) {
     const auto plan = wp::detail::plan_exchange(s, rank);
-    const auto& from = plan.from[static_cast<std::size_t>(1 - rank)];
+    const auto& from = plan.messages_from(1 - rank);
     std::size_t sent = 0;
     for (const wp::action& a : s.ranks[static_cast<std::size_t>(1 - rank)]) sent += a.send_to == rank ? 1 : 0;
     REQUIRE(from.size() == sent);

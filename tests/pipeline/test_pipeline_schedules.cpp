@@ -122,6 +122,39 @@ TEST_CASE("the verifier's makespan, bubble and peak equal the papers' formulas",
   CHECK(checked == 450);
 }
 
+TEST_CASE("deep and long pipelines: simulation, exchange plans and transfers stay exact", "[pipeline]") {
+  // Sizes where a sweep over every rank per simulated step (quadratic in stages) or a search of a
+  // sender's whole list per message (quadratic in micro-batches) once made verify take seconds.
+  const wp::costs c{};
+  const wp::schedule_spec specs[] = {{.kind = schedule_kind::gpipe, .stages = 4096, .micro_batches = 1},
+                                     {.kind = schedule_kind::one_f_one_b, .stages = 2048, .micro_batches = 3},
+                                     {.kind = schedule_kind::one_f_one_b, .stages = 4, .micro_batches = 8192},
+                                     {.kind = schedule_kind::interleaved, .stages = 64, .micro_batches = 64, .virtual_stages = 4}};
+  for (const wp::schedule_spec& spec : specs) {
+    INFO(wp::to_string(spec.kind) << " p=" << spec.stages << " m=" << spec.micro_batches << " v=" << spec.virtual_stages);
+    const wp::schedule s = wp::make_schedule(spec);
+    const wp::verify_report r = wp::verify(s, c);
+    REQUIRE(r.ok());
+    CHECK(r.makespan == *wp::theory_makespan(spec, c));
+    int wrong_peaks = 0;
+    for (int stage = 0; stage < spec.stages; ++stage)
+      wrong_peaks += r.peak_in_flight[static_cast<std::size_t>(stage)] != wp::theory_peak_in_flight(spec, stage) ? 1 : 0;
+    CHECK(wrong_peaks == 0);
+    for (const int rank : {0, 1, spec.stages / 2, spec.stages - 1}) {
+      const wp::detail::exchange_plan plan = wp::detail::plan_exchange(s, rank);
+      std::size_t received = 0, sent_here = 0;
+      for (const wp::action& a : s.ranks[static_cast<std::size_t>(rank)]) received += a.recv_from >= 0 && a.kind != action_kind::weight ? 1 : 0;
+      for (const auto& theirs : s.ranks)
+        for (const wp::action& a : theirs) sent_here += a.send_to == rank ? 1 : 0;
+      CHECK(plan.from.size() <= 2);  // the neighbours in the chunk order
+      CHECK(plan.receives == received);
+      std::size_t listed = 0;
+      for (const wp::detail::inbound_channel& channel : plan.from) listed += channel.messages.size();
+      CHECK(listed == sent_here);
+    }
+  }
+}
+
 TEST_CASE("ZB-H1's makespan is the paper's, within 1F1B's activation memory", "[pipeline]") {
   // F and B in 1F1B's order, so at most 1F1B's micro-batches on each stage before their B, and on
   // every stage at most 1F1B's largest count (stage 0's) before their W.

@@ -455,7 +455,7 @@ class executor {
     const detail::inbound_slot& need = plan_.consumes[i];
     if (need.peer < 0) return -1;
     const detail::inbound_message& msg =
-        plan_.from[static_cast<std::size_t>(need.peer)][static_cast<std::size_t>(need.position)];
+        plan_.messages_from(need.peer)[static_cast<std::size_t>(need.position)];
     recv_slot& slot = slots_[slot_index(msg)];
     finish_batch(slot.batch, stats);
     return std::exchange(slot.buffer, -1);

@@ -159,31 +159,49 @@ inline verify_report simulate(const schedule& s, const costs& c) {
     if (where.rank < 0) return -1;
     return report.times[static_cast<std::size_t>(where.rank)][static_cast<std::size_t>(where.position)].finish;
   };
-  for (bool progress = true; progress;) {
-    progress = false;
-    for (std::size_t r = 0; r < p; ++r) {
-      const int rank = static_cast<int>(r);
-      while (next[r] < s.ranks[r].size()) {
-        const action& a = s.ranks[r][next[r]];
-        if (a.micro_batch < 0 || a.micro_batch >= s.micro_batches || a.chunk < 0 || a.chunk >= s.virtual_stages) break;
-        std::int64_t ready = free_at[r];
-        bool runnable = true;
-        for (const detail::work_key& in : detail::inputs_of(s, {a.kind, a.micro_batch, s.virtual_stage(rank, a.chunk)})) {
-          const std::int64_t done = finish_of(in);
-          if (done < 0) {
-            runnable = false;
-            break;
+  // A rank that stops at a missing input is revisited only when the action producing that input
+  // runs, so the simulation is linear in the actions. (Sweeping every rank until none advances
+  // took one sweep per stage for a backward pass: quadratic, 0.4 s for gpipe on 4096 stages.)
+  // Each stopped rank waits for one action; the waiters of an action form a list through
+  // `next_waiter`, headed by `first_waiter` at the action's place in the flattened table.
+  std::vector<std::size_t> offset(p + 1, 0);
+  for (std::size_t r = 0; r < p; ++r) offset[r + 1] = offset[r] + s.ranks[r].size();
+  std::vector<int> first_waiter(offset[p], -1);
+  std::vector<int> next_waiter(p, -1);
+  std::vector<int> work(p);
+  for (std::size_t r = 0; r < p; ++r) work[r] = static_cast<int>(p - 1 - r);  // rank 0 first
+  while (!work.empty()) {
+    const int rank = work.back();
+    work.pop_back();
+    const auto r = static_cast<std::size_t>(rank);
+    while (next[r] < s.ranks[r].size()) {
+      const action& a = s.ranks[r][next[r]];
+      if (a.micro_batch < 0 || a.micro_batch >= s.micro_batches || a.chunk < 0 || a.chunk >= s.virtual_stages) break;
+      std::int64_t ready = free_at[r];
+      bool runnable = true;
+      for (const detail::work_key& in : detail::inputs_of(s, {a.kind, a.micro_batch, s.virtual_stage(rank, a.chunk)})) {
+        const std::int64_t done = finish_of(in);
+        if (done < 0) {
+          runnable = false;
+          const detail::slot& where = index.at(in);
+          if (where.rank >= 0) {  // an input no rank runs never comes: the rank stays stuck
+            const std::size_t at = offset[static_cast<std::size_t>(where.rank)] + static_cast<std::size_t>(where.position);
+            next_waiter[r] = first_waiter[at];
+            first_waiter[at] = rank;
           }
-          ready = std::max(ready, done + (s.rank_of(in.virtual_stage) != rank ? c.comm : 0));
+          break;
         }
-        if (!runnable) break;
-        const std::int64_t cost = cost_of(s, c, a.kind);
-        report.times[r][next[r]] = {ready, ready + cost};
-        free_at[r] = ready + cost;
-        report.busy[r] += cost;
-        ++next[r];
-        progress = true;
+        ready = std::max(ready, done + (s.rank_of(in.virtual_stage) != rank ? c.comm : 0));
       }
+      if (!runnable) break;
+      const std::int64_t cost = cost_of(s, c, a.kind);
+      report.times[r][next[r]] = {ready, ready + cost};
+      free_at[r] = ready + cost;
+      report.busy[r] += cost;
+      const std::size_t at = offset[r] + next[r];
+      for (int waiter = first_waiter[at]; waiter >= 0; waiter = next_waiter[static_cast<std::size_t>(waiter)]) work.push_back(waiter);
+      first_waiter[at] = -1;
+      ++next[r];
     }
   }
 

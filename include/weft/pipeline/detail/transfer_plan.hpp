@@ -84,9 +84,9 @@ transfer_plan plan_transfers(const schedule& s, int rank, const exchange_plan& e
       if (list[k].send_to >= 0)
         all.push_back({times[static_cast<std::size_t>(rank)][k].finish,
                        {true, list[k].send_to, static_cast<int>(k), outbound_of(s, rank, list[k])}});
-    for (int peer = 0; peer < s.stages; ++peer) {
-      const std::vector<inbound_message>& from = exchange.from[static_cast<std::size_t>(peer)];
-      if (from.empty()) continue;
+    for (const inbound_channel& channel : exchange.from) {
+      const int peer = channel.peer;
+      const std::vector<inbound_message>& from = channel.messages;
       std::size_t next = 0;
       const std::vector<action>& theirs = s.ranks[static_cast<std::size_t>(peer)];
       for (std::size_t k = 0; k < theirs.size() && next < from.size(); ++k)
@@ -122,7 +122,7 @@ transfer_plan plan_transfers(const schedule& s, int rank, const exchange_plan& e
       if (i < n && exchange.consumes[i].peer >= 0) {
         const inbound_slot& need = exchange.consumes[i];
         for (int& next = posted[static_cast<std::size_t>(need.peer)]; next <= need.position; ++next)
-          now.push_back({false, need.peer, -1, exchange.from[static_cast<std::size_t>(need.peer)][static_cast<std::size_t>(next)]});
+          now.push_back({false, need.peer, -1, exchange.messages_from(need.peer)[static_cast<std::size_t>(next)]});
       }
       for (const transfer& t : now) {
         transfer_batch* into = nullptr;
